@@ -1,0 +1,89 @@
+"""A small GPT-style causal language model, byte-level (vocabulary 256).
+
+``build_model`` is the model factory evald calls (``examples.tiny_lm.model:build_model``):
+it returns a Cell mapping int32 tokens (B, T) to logits (B, T, vocab).
+Graph-mode code must live in a .py file, so this module is imported, not pasted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+
+class CausalSelfAttention(nn.Cell):
+    def __init__(self, d_model: int, n_heads: int, seq_len: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.qkv = nn.Dense(d_model, 3 * d_model)
+        self.proj = nn.Dense(d_model, d_model)
+        mask = np.triu(np.full((seq_len, seq_len), -1e9, dtype=np.float32), k=1)
+        self.mask = ms.Tensor(mask)
+        self.scale = 1.0 / math.sqrt(self.d_head)
+
+    def construct(self, x):
+        b, t, d = x.shape
+        qkv = self.qkv(x).reshape(b, t, 3, self.n_heads, self.d_head).transpose(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        att = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + self.mask[:t, :t]
+        att = ops.softmax(att, axis=-1)
+        y = ops.matmul(att, v).transpose(0, 2, 1, 3).reshape(b, t, d)
+        return self.proj(y)
+
+
+class Block(nn.Cell):
+    def __init__(self, d_model: int, n_heads: int, seq_len: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm((d_model,))
+        self.attn = CausalSelfAttention(d_model, n_heads, seq_len)
+        self.ln2 = nn.LayerNorm((d_model,))
+        self.mlp = nn.SequentialCell(nn.Dense(d_model, 4 * d_model), nn.GELU(), nn.Dense(4 * d_model, d_model))
+
+    def construct(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(nn.Cell):
+    def __init__(self, vocab_size: int = 256, d_model: int = 96, n_layers: int = 2, n_heads: int = 4,
+                 seq_len: int = 64) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.CellList([Block(d_model, n_heads, seq_len) for _ in range(n_layers)])
+        self.ln_f = nn.LayerNorm((d_model,))
+        self.head = nn.Dense(d_model, vocab_size)
+        self.positions = ms.Tensor(np.arange(seq_len, dtype=np.int32))
+
+    def construct(self, tokens):
+        t = tokens.shape[1]
+        x = self.tok(tokens) + self.pos(self.positions[:t])
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+class LMLoss(nn.Cell):
+    """Mean next-token cross-entropy; ``window`` is (B, T+1) tokens."""
+
+    def __init__(self, model: nn.Cell) -> None:
+        super().__init__()
+        self.model = model
+        self.ce = nn.CrossEntropyLoss()
+
+    def construct(self, window):
+        inputs = window[:, :-1]
+        targets = window[:, 1:]
+        logits = self.model(inputs)
+        return self.ce(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def build_model(vocab_size: int = 256, d_model: int = 96, n_layers: int = 2, n_heads: int = 4,
+                seq_len: int = 64, seed: int = 0) -> TinyGPT:
+    """The model factory. ``seed`` fixes the initial weights (evald overwrites them anyway)."""
+    ms.set_seed(seed)
+    return TinyGPT(vocab_size, d_model, n_layers, n_heads, seq_len)

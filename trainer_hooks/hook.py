@@ -1,0 +1,295 @@
+"""EvaldHook: the whole trainer side of evald, for any training loop.
+
+Custom loop::
+
+    hook = EvaldHook(ckpt_dir="runs/exp1/ckpt", every_n_steps=100, network=net,
+                     model_factory="mypkg.model:build", data_factory="mypkg.data:val_set")
+    for step in range(1, total_steps + 1):
+        loss = train_step(x, y)
+        if hook.step_end(step, network=net, loss=loss, lr=current_lr):
+            break                      # evald asked to stop; every rank stops here
+    hook.train_end(step)               # final snapshot, run_finished, clean shutdown
+
+``EvaldCallback`` wraps this class for ``Model.train``; there is one
+implementation. The promises (DEVELOPERS.md, "training is sacred"):
+
+* ``step_end`` blocks only to copy weights to host memory every
+  ``every_n_steps``; writing, hashing, committing and notifying happen on
+  background threads. A snapshot due while the previous one is still being
+  written is skipped and counted, never waited for.
+* No method raises into the training loop: every failure is logged, counted
+  and training goes on. An absent or dead evald changes nothing.
+* By default only rank 0 writes snapshots (``writer_ranks``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from evald.contracts import layout
+from evald.contracts.wire import (
+    CheckpointCommitted,
+    FactorySpec,
+    RunAnnounced,
+    RunFinished,
+    TrainMetrics,
+    default_control_endpoint,
+    default_endpoint,
+)
+from trainer_hooks.host_copy import host_copy_of_weights
+from trainer_hooks.notifier import Notifier
+from trainer_hooks.snapshot_writer import SnapshotJob, SnapshotWriter
+from trainer_hooks.stop_agreement import (
+    ControlSubscriber,
+    ReduceSum,
+    StopAgreement,
+    mindspore_reduce_sum,
+)
+from trainer_hooks.telemetry import Telemetry
+
+log = logging.getLogger("trainer_hooks")
+
+FactoryLike = str | Mapping[str, Any] | FactorySpec | None
+
+
+def _factory(spec: FactoryLike, what: str) -> FactorySpec | None:
+    if spec is None or isinstance(spec, FactorySpec):
+        return spec
+    made = FactorySpec.from_obj(spec, what)
+    if made is not None and made.search_path is None:
+        # evald may run from another directory: tell it where the trainer imports from.
+        made = FactorySpec(made.target, made.kwargs, os.getcwd())
+    return made
+
+
+def _detect_rank() -> tuple[int, int]:
+    try:
+        from mindspore.communication import GlobalComm, get_group_size, get_rank
+
+        if GlobalComm.INITED:
+            return get_rank(), get_group_size()
+    except Exception:
+        pass
+    return int(os.environ.get("RANK_ID", os.environ.get("RANK", 0))), int(
+        os.environ.get("RANK_SIZE", os.environ.get("WORLD_SIZE", 1)))
+
+
+class EvaldHook:
+    def __init__(
+        self,
+        ckpt_dir: str | os.PathLike,
+        every_n_steps: int = 100,
+        *,
+        network: Any = None,
+        optimizer: Any = None,
+        run_id: str | None = None,
+        task: str = "lm",
+        model_factory: FactoryLike = None,
+        data_factory: FactoryLike = None,
+        total_steps: int | None = None,
+        endpoint: str | None = None,
+        control_endpoint: str | None = None,
+        writer_ranks: Iterable[int] | str = (0,),
+        rank: int | None = None,
+        world_size: int | None = None,
+        telemetry_every: int = 10,
+        obey_stop: bool = True,
+        agree_every: int = 1,
+        reduce_sum: ReduceSum | None = None,
+        keep_last: int | None = None,
+        final_snapshot_timeout_s: float = 120.0,
+        lr_advice_handler: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> None:
+        self.every_n_steps = max(1, int(every_n_steps))
+        self.network = network
+        self.optimizer = optimizer
+        self.total_steps = total_steps
+        self.final_snapshot_timeout_s = final_snapshot_timeout_s
+        self.lr_advice_handler = lr_advice_handler
+        self.errors = 0
+        self.snapshots_taken = 0
+        self.last_snapshot_step: int | None = None
+        self.stop_reason = ""
+        self._finished = False
+        self._last_lr_advice_seq = -1
+
+        detected_rank, detected_world = _detect_rank()
+        self.rank = detected_rank if rank is None else rank
+        self.world_size = detected_world if world_size is None else world_size
+        self.run_id = run_id or os.environ.get("EVALD_RUN_ID") or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        writers = None if writer_ranks == "all" else set(writer_ranks)  # type: ignore[arg-type]
+        self.is_writer = writers is None or self.rank in writers
+        base_dir = Path(ckpt_dir).resolve()
+        # Extra writer ranks (off by default) write beside rank 0 in their own directory.
+        self.ckpt_dir = base_dir if self.rank == 0 or not self.is_writer else base_dir / f"rank_{self.rank}"
+        self.endpoint = endpoint or default_endpoint()
+        self.control_endpoint = control_endpoint or default_control_endpoint()
+
+        self.notifier: Notifier | None = None
+        self.writer: SnapshotWriter | None = None
+        self.telemetry = Telemetry(total_steps=total_steps, flush_every=telemetry_every)
+        self.agreement: StopAgreement | None = None
+
+        try:
+            if self.is_writer:
+                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+                self.notifier = Notifier(self.endpoint)
+                self.writer = SnapshotWriter(
+                    self.ckpt_dir, self.run_id, on_committed=self._on_committed,
+                    producer={"rank": self.rank, "world_size": self.world_size,
+                              "host": socket.gethostname(), "pid": os.getpid()},
+                    keep_last=keep_last,
+                )
+                announcement = RunAnnounced(
+                    run_id=self.run_id, ckpt_dir=str(self.ckpt_dir), task=task,
+                    model_factory=_factory(model_factory, "model_factory"),
+                    data_factory=_factory(data_factory, "data_factory"),
+                    total_steps=total_steps, every_n_steps=self.every_n_steps,
+                    world_size=self.world_size, control_endpoint=self.control_endpoint,
+                )
+                layout.write_run_file(self.ckpt_dir, announcement.encode().decode())
+                self.notifier.send(announcement)
+            if obey_stop:
+                if self.world_size > 1 and reduce_sum is None:
+                    reduce_sum = mindspore_reduce_sum()
+                if self.world_size > 1 and reduce_sum is None:
+                    log.warning("world size %d but mindspore.communication is not initialised: early "
+                                "stop disabled (ranks could not agree on a step)", self.world_size)
+                else:
+                    subscriber = ControlSubscriber(self.control_endpoint, self.run_id) if self.rank == 0 else None
+                    self.agreement = StopAgreement(rank=self.rank, world_size=self.world_size,
+                                                   agree_every=agree_every, subscriber=subscriber,
+                                                   reduce_sum=reduce_sum)
+        except Exception:
+            self.errors += 1
+            log.exception("evald hook set-up failed; training continues without evald")
+
+    # ------------------------------------------------------------- per step
+
+    def step_end(self, step: int, *, network: Any = None, optimizer: Any = None,
+                 epoch: int | None = None, loss: Any = None, lr: Any = None,
+                 grad_norm: Any = None, loss_scale: Any = None, overflow: Any = None,
+                 samples: int | None = None, tokens: int | None = None,
+                 extra_scalars: Mapping[str, Any] | None = None,
+                 data_offset: int | None = None, seed: int | None = None) -> bool:
+        """Call after every optimizer step. Returns True when training must stop now."""
+        try:
+            return self._step_end(step, network or self.network, optimizer or self.optimizer, epoch,
+                                  loss, lr, grad_norm, loss_scale, overflow, samples, tokens,
+                                  extra_scalars, data_offset, seed)
+        except Exception:
+            self.errors += 1
+            log.exception("evald hook error at step %d (ignored; training continues)", step)
+            return False
+
+    def _step_end(self, step, network, optimizer, epoch, loss, lr, grad_norm, loss_scale,
+                  overflow, samples, tokens, extra_scalars, data_offset, seed) -> bool:
+        scalars = {"loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
+                   "loss_scale": loss_scale, "overflow": overflow, **(extra_scalars or {})}
+        if self.notifier is not None:
+            batch = self.telemetry.record(step, {k: v for k, v in scalars.items() if v is not None},
+                                          samples=samples, tokens=tokens)
+            if batch:
+                self.notifier.send(TrainMetrics(run_id=self.run_id, records=tuple(batch)))
+        if self.writer is not None and network is not None and step % self.every_n_steps == 0:
+            self._snapshot(step, network, optimizer, epoch, lr, loss_scale, seed, data_offset)
+        stop = self.agreement is not None and self.agreement.should_stop(step)
+        if self.agreement is not None and self.agreement.subscriber is not None:
+            self._apply_lr_advice()
+        if stop:
+            self.stop_reason = self.agreement.reason if self.agreement else ""
+            log.warning("evald asked to stop training: stopping at step %d (%s)", step, self.stop_reason)
+        return stop
+
+    def _snapshot(self, step, network, optimizer, epoch, lr, loss_scale, seed, data_offset) -> None:
+        if self.writer is None or self.writer.busy:
+            if self.writer is not None:
+                self.writer.skipped_busy += 1
+                log.warning("snapshot at step %d skipped: the previous one is still being written "
+                            "(%d skipped so far); raise every_n_steps or use faster storage",
+                            step, self.writer.skipped_busy)
+            return
+        weights = host_copy_of_weights(network, optimizer)
+        resume = layout.ResumeInfo(
+            learning_rate=self._scalar(lr), loss_scale=self._scalar(loss_scale), seed=seed,
+            data_offset=data_offset,
+        )
+        if self.writer.try_submit(SnapshotJob(step=step, weights=weights, epoch=epoch, resume=resume)):
+            self.snapshots_taken += 1
+            self.last_snapshot_step = step
+
+    @staticmethod
+    def _scalar(value: Any) -> float | None:
+        from trainer_hooks.telemetry import _to_float
+
+        return _to_float(value)
+
+    def _apply_lr_advice(self) -> None:
+        if self.lr_advice_handler is None or self.agreement is None or self.agreement.subscriber is None:
+            return
+        state = self.agreement.subscriber.latest
+        if state is None or not state.lr_advice or state.seq <= self._last_lr_advice_seq:
+            return
+        advice_id = int(state.lr_advice.get("id", state.seq))
+        if advice_id <= self._last_lr_advice_seq:
+            return
+        self._last_lr_advice_seq = advice_id
+        try:
+            self.lr_advice_handler(state.lr_advice)
+        except Exception:
+            self.errors += 1
+            log.exception("learning-rate advice handler failed; advice ignored")
+
+    def _on_committed(self, step: int, path: Path, commit_time: float) -> None:
+        if self.notifier is not None:
+            self.notifier.send(CheckpointCommitted(run_id=self.run_id, ckpt_dir=str(self.ckpt_dir),
+                                                   step=step, path=path.name, commit_time=commit_time))
+
+    # ------------------------------------------------------------- end of run
+
+    def train_end(self, final_step: int, *, network: Any = None, optimizer: Any = None,
+                  epoch: int | None = None, reason: str | None = None) -> None:
+        """Write a final snapshot (if not already taken), announce the end, shut down."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            network = network or self.network
+            if self.writer is not None:
+                if network is not None and self.last_snapshot_step != final_step:
+                    weights = host_copy_of_weights(network, optimizer or self.optimizer)
+                    if self.writer.submit_final(SnapshotJob(step=final_step, weights=weights, epoch=epoch),
+                                                self.final_snapshot_timeout_s):
+                        self.last_snapshot_step = final_step
+                self.writer.close(timeout_s=self.final_snapshot_timeout_s)
+            if self.notifier is not None:
+                batch = self.telemetry.flush()
+                if batch:
+                    self.notifier.send(TrainMetrics(run_id=self.run_id, records=tuple(batch)))
+                self.notifier.send(RunFinished(run_id=self.run_id, ckpt_dir=str(self.ckpt_dir),
+                                               final_step=final_step,
+                                               reason=reason or self.stop_reason or "completed"))
+                self.notifier.close()
+        except Exception:
+            self.errors += 1
+            log.exception("evald hook failed while finishing the run (ignored)")
+        finally:
+            if self.agreement is not None:
+                self.agreement.close()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "snapshots_taken": self.snapshots_taken,
+            "snapshots_written": self.writer.written if self.writer else 0,
+            "snapshots_skipped_busy": self.writer.skipped_busy if self.writer else 0,
+            "snapshots_failed": self.writer.failed if self.writer else 0,
+            "notifications_sent": self.notifier.sent if self.notifier else 0,
+            "notifications_dropped": self.notifier.dropped if self.notifier else 0,
+            "hook_errors": self.errors,
+        }
