@@ -1,0 +1,5 @@
+import sys
+
+from evald.cli import main
+
+sys.exit(main())

@@ -1,0 +1,55 @@
+"""The control channel: evald's sticky decision, published on a ZeroMQ PUB socket.
+
+PUB drops what it sends before a subscriber has joined, so the current state is
+re-published every ``republish_s``: a rank that starts or restarts late still
+gets it within one period. Subscribers keep only the newest (CONFLATE).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from evald.contracts.wire import ControlState, ensure_socket_dir
+
+log = logging.getLogger("evald.control")
+
+
+class ControlPublisher:
+    def __init__(self, endpoint: str, run_id: str | None = None, republish_s: float = 1.0) -> None:
+        import zmq
+
+        self.endpoint = endpoint
+        self.republish_s = republish_s
+        self._zmq = zmq
+        ensure_socket_dir(endpoint)
+        self._socket = zmq.Context.instance().socket(zmq.PUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        try:
+            self._socket.bind(endpoint)
+        except zmq.ZMQError as exc:
+            self._socket.close(linger=0)
+            raise OSError(f"cannot bind control endpoint {endpoint}: {exc}; pick another with "
+                          f"--control-endpoint / EVALD_CONTROL_ENDPOINT") from exc
+        self.state: ControlState | None = None
+        self._last_sent = 0.0
+        if run_id:
+            self.update(ControlState(run_id=run_id, seq=0))
+
+    def update(self, state: ControlState) -> None:
+        self.state = state
+        self._send()
+
+    def tick(self) -> None:
+        if self.state is not None and time.monotonic() - self._last_sent >= self.republish_s:
+            self._send()
+
+    def _send(self) -> None:
+        try:
+            self._socket.send(self.state.encode(), self._zmq.NOBLOCK)  # type: ignore[union-attr]
+        except self._zmq.Again:
+            pass
+        self._last_sent = time.monotonic()
+
+    def close(self) -> None:
+        self._socket.close(linger=0)

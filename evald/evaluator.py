@@ -1,0 +1,89 @@
+"""The evaluation network: built and compiled once, then fed each checkpoint's weights.
+
+Hot-swapping with ``load_param_into_net`` takes about a millisecond and does not
+recompile (measured; see docs), while building and compiling a fresh network
+takes seconds. Batches keep one shape, so the graph compiles exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from evald.checkpoints import CheckpointError, match_names
+from evald.contracts.wire import FactorySpec
+from evald.factories import call_factory
+from evald.subset import fixed_batches, select_subset
+from evald.tasks import make_task
+
+log = logging.getLogger("evald.evaluator")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    metrics: dict[str, float]
+    texts: dict[str, str]
+    load_s: float
+    evaluate_s: float
+
+
+class Evaluator:
+    def __init__(self, *, task: str, model: FactorySpec, data: FactorySpec, subset_size: int,
+                 subset_seed: int, batch_size: int, plugins: Sequence[Any] = (),
+                 generation: Any = None) -> None:
+        import mindspore as ms
+
+        self._ms = ms
+        started = time.time()
+        self.network = call_factory(model, "model")
+        self.network.set_train(False)
+        self.task = make_task(task, plugins=plugins, generation=generation)
+        self.cell = self.task.build_cell(self.network)
+        self.cell.set_train(False)
+        named = list(self.network.parameters_and_names())
+        self.param_specs = {name: (tuple(p.shape), str(p.dtype)) for name, p in named}
+        self._param_names = {name: p.name for name, p in named}
+        self._dtypes = {name: p.dtype for name, p in named}
+        dataset = call_factory(data, "data")
+        self.indices = select_subset(len(dataset), subset_size, subset_seed)
+        self.batches = fixed_batches(dataset, self.indices, batch_size)
+        self.generation = generation
+        if generation is not None:
+            generation.prepare(self.network, dataset, self.indices)
+        # Compile now, not during the first checkpoint.
+        self.task.evaluate(self.cell, self.batches[:1])
+        if generation is not None:
+            generation.run()
+        log.info("evaluation network ready in %.1fs: %d parameters, %d samples in %d batches of %d",
+                 time.time() - started, len(named), len(self.indices), len(self.batches), batch_size)
+
+    def evaluate(self, weights: dict[str, np.ndarray], *, strict: bool) -> EvalResult:
+        started = time.time()
+        matched = match_names(weights, self.param_specs, strict=strict)
+        self._swap(matched)
+        loaded = time.time()
+        metrics = self.task.evaluate(self.cell, self.batches)
+        texts: dict[str, str] = {}
+        if self.generation is not None:
+            gen_metrics, gen_texts = self.generation.run()
+            metrics.update(gen_metrics)
+            texts.update(gen_texts)
+        return EvalResult(metrics, texts, loaded - started, time.time() - loaded)
+
+    def _swap(self, matched: dict[str, np.ndarray]) -> None:
+        ms = self._ms
+        # Keyed by each Parameter's own name: a wrapper cell may have prefixed it.
+        params = {
+            self._param_names[name]: ms.Parameter(ms.Tensor(np.ascontiguousarray(array), self._dtypes[name]),
+                                                  name=self._param_names[name])
+            for name, array in matched.items()
+        }
+        not_loaded, unused = ms.load_param_into_net(self.network, params, strict_load=True)
+        if not_loaded or unused:
+            # strict_load never raises; an incomplete swap would silently mix two checkpoints.
+            raise CheckpointError(f"load_param_into_net left parameters {not_loaded} unloaded and "
+                                  f"{unused} unused")

@@ -1,0 +1,314 @@
+"""Training-health alert rules: catch a run going bad while it is still cheap to stop it.
+
+The monitor watches the scalars a trainer already logs (loss, gradient norm,
+loss scale) and evald's own evaluation results, and raises an :class:`Alert`
+when one of five rules starts to hold:
+
+- ``grad_explosion``: gradient norm above ``grad_norm_explosion`` (or non-finite);
+- ``grad_vanishing``: gradient norm below ``grad_norm_vanishing`` for
+  ``vanishing_window`` consecutive train records that carry a gradient norm;
+- ``nonfinite_loss``: train loss is NaN or inf;
+- ``loss_scale_collapse``: loss scale at or below ``loss_scale_floor``, or below
+  ``loss_scale_drop_factor`` times the largest scale seen (or non-finite);
+- ``overfitting``: the eval metric got worse than the previous evaluation for
+  ``overfit_window`` consecutive evaluations while the train loss kept falling.
+
+Each rule fires once per *episode*: when its condition starts to hold. It can
+fire again only after the condition has cleared, so a run stuck in a bad state
+yields one alert, not one per step. The monitor logs each alert once as a
+WARNING on the ``evald.health`` logger and returns it; the caller writes it to
+TensorBoard as a text event (tag :attr:`Alert.tag`). The monitor does no I/O of
+its own beyond that, so its state (:meth:`HealthMonitor.state_dict`) can be
+persisted and restored across evald restarts without re-firing open episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RULES", "Alert", "HealthThresholds", "HealthMonitor"]
+
+logger = logging.getLogger(__name__)
+
+RULES: tuple[str, ...] = (
+    "grad_explosion",
+    "grad_vanishing",
+    "nonfinite_loss",
+    "loss_scale_collapse",
+    "overfitting",
+)
+
+_STATE_VERSION = 1
+
+
+@dataclass
+class HealthThresholds:
+    """Configurable thresholds for the health rules; defaults follow evald's spec."""
+
+    grad_norm_explosion: float = 1e5
+    grad_norm_vanishing: float = 1e-3
+    vanishing_window: int = 20
+    loss_scale_floor: float = 1.0
+    loss_scale_drop_factor: float = 1e-3
+    overfit_window: int = 3
+    eval_mode: str = "min"
+
+    def __post_init__(self) -> None:
+        if self.eval_mode not in ("min", "max"):
+            raise ValueError(
+                f"eval_mode must be 'min' (lower eval metric is better, e.g. loss) or 'max' "
+                f"(higher is better, e.g. accuracy), got {self.eval_mode!r}"
+            )
+        for name in ("vanishing_window", "overfit_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.grad_norm_explosion > 0 or not self.grad_norm_vanishing >= 0:
+            raise ValueError(
+                f"grad_norm_explosion must be > 0 and grad_norm_vanishing >= 0, got explosion={self.grad_norm_explosion!r}, "
+                f"vanishing={self.grad_norm_vanishing!r}"
+            )
+        if not self.grad_norm_vanishing < self.grad_norm_explosion:
+            raise ValueError(
+                f"grad_norm_vanishing ({self.grad_norm_vanishing}) must be below grad_norm_explosion "
+                f"({self.grad_norm_explosion})"
+            )
+        if not 0 <= self.loss_scale_drop_factor < 1:
+            raise ValueError(f"loss_scale_drop_factor must be in [0, 1), got {self.loss_scale_drop_factor!r}")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> HealthThresholds:
+        """Build thresholds from a config table, naming any unknown key (typos would otherwise be ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown health threshold(s) {sorted(unknown)}; known thresholds are {sorted(known)}")
+        return cls(**dict(values))
+
+
+@dataclass
+class Alert:
+    """One rule firing at one step; ``message`` names the step, rule, value, threshold and a remedy."""
+
+    rule: str
+    step: int
+    message: str
+
+    @property
+    def tag(self) -> str:
+        """TensorBoard tag for the text event of this alert."""
+        return f"health/{self.rule}"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+class HealthMonitor:
+    """Stateful evaluator of the health rules over a stream of train and eval records."""
+
+    def __init__(self, thresholds: HealthThresholds | None = None) -> None:
+        self.thresholds = thresholds if thresholds is not None else HealthThresholds()
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._active: dict[str, bool] = {rule: False for rule in RULES}
+        self._vanishing_streak = 0
+        self._max_loss_scale: float | None = None
+        self._last_eval: float | None = None
+        self._overfit_streak = 0
+        self._overfit_start_value: float | None = None
+        self._interval_loss_sum = 0.0
+        self._interval_loss_count = 0
+        self._prev_interval_mean: float | None = None
+
+    @property
+    def active_rules(self) -> list[str]:
+        """Rules whose episode is currently open (condition holds, alert already sent)."""
+        return [rule for rule in RULES if self._active[rule]]
+
+    def _episode(self, rule: str, holds: bool, step: int, message: str) -> list[Alert]:
+        """Open/close the rule's episode; return an alert only on the transition into it."""
+        if not holds:
+            self._active[rule] = False
+            return []
+        if self._active[rule]:
+            return []
+        self._active[rule] = True
+        alert = Alert(rule=rule, step=int(step), message=f"step {int(step)}: {rule}: {message}")
+        logger.warning("%s", alert.message)
+        return [alert]
+
+    def observe_train(self, step: int, scalars: Mapping[str, float]) -> list[Alert]:
+        """Apply the train-side rules to one train record.
+
+        Uses the keys ``loss``, ``grad_norm`` and ``loss_scale``; a missing key
+        leaves that rule's state unchanged (a record without ``grad_norm``
+        neither extends nor breaks a vanishing streak). Returns new alerts.
+        """
+        t = self.thresholds
+        alerts: list[Alert] = []
+
+        if scalars.get("loss") is not None:
+            loss = float(scalars["loss"])
+            finite = math.isfinite(loss)
+            alerts += self._episode(
+                "nonfinite_loss", not finite, step,
+                f"train loss is {loss} (threshold: must be finite); the run has diverged or hit an overflow: "
+                "restart from the last good checkpoint with a lower learning rate, and check the data and "
+                "any log/div/sqrt in the loss for invalid inputs",
+            )
+            if finite:
+                self._interval_loss_sum += loss
+                self._interval_loss_count += 1
+
+        if scalars.get("grad_norm") is not None:
+            gnorm = float(scalars["grad_norm"])
+            finite = math.isfinite(gnorm)
+            alerts += self._episode(
+                "grad_explosion", (not finite) or gnorm > t.grad_norm_explosion, step,
+                f"gradient norm {_fmt(gnorm)} is above the threshold {_fmt(t.grad_norm_explosion)}; "
+                "lower the learning rate or enable gradient clipping (ops.clip_by_global_norm)",
+            )
+            if finite and gnorm < t.grad_norm_vanishing:
+                self._vanishing_streak += 1
+            else:
+                self._vanishing_streak = 0
+            alerts += self._episode(
+                "grad_vanishing", self._vanishing_streak >= t.vanishing_window, step,
+                f"gradient norm {_fmt(gnorm)} has stayed below the threshold {_fmt(t.grad_norm_vanishing)} "
+                f"for {self._vanishing_streak} consecutive records (window {t.vanishing_window}); the model "
+                "has stopped learning: check for dead activations, a learning-rate schedule that decayed "
+                "to ~0, frozen parameters, or a loss that no longer depends on the weights",
+            )
+
+        if scalars.get("loss_scale") is not None:
+            scale = float(scalars["loss_scale"])
+            finite = math.isfinite(scale)
+            if finite and scale > 0:
+                self._max_loss_scale = scale if self._max_loss_scale is None else max(self._max_loss_scale, scale)
+            peak = self._max_loss_scale
+            below_floor = finite and scale <= t.loss_scale_floor
+            dropped = finite and peak is not None and scale < t.loss_scale_drop_factor * peak
+            if not finite:
+                detail = f"loss scale is {scale} (threshold: must be finite)"
+            elif below_floor:
+                detail = f"loss scale {_fmt(scale)} is at or below the floor {_fmt(t.loss_scale_floor)}"
+            else:
+                detail = (
+                    f"loss scale {_fmt(scale)} fell below {_fmt(t.loss_scale_drop_factor)} x its peak "
+                    f"{_fmt(peak or 0.0)} (threshold {_fmt(t.loss_scale_drop_factor * (peak or 0.0))})"
+                )
+            alerts += self._episode(
+                "loss_scale_collapse", (not finite) or below_floor or dropped, step,
+                f"{detail}; gradients overflow on (almost) every step: lower the learning rate, check for "
+                "inf/NaN-producing ops in fp16, or train the unstable parts in fp32",
+            )
+        return alerts
+
+    def _take_train_trend(self) -> float | None:
+        """Mean train loss of this eval interval minus that of the previous one (None if unknown)."""
+        current = (
+            self._interval_loss_sum / self._interval_loss_count if self._interval_loss_count else None
+        )
+        trend = None
+        if current is not None and self._prev_interval_mean is not None:
+            trend = current - self._prev_interval_mean
+        if current is not None:
+            self._prev_interval_mean = current
+        self._interval_loss_sum = 0.0
+        self._interval_loss_count = 0
+        return trend
+
+    def observe_eval(self, step: int, value: float, train_loss_trend: float | None = None) -> list[Alert]:
+        """Apply the overfitting rule to one evaluation result.
+
+        ``train_loss_trend`` is the change in train loss over the last eval
+        interval (negative = still falling). When None, the monitor derives it
+        itself: the mean of the finite train losses seen by :meth:`observe_train`
+        since the previous evaluation, minus the same mean for the interval
+        before that. Using eval intervals (not a fixed number of records) keeps
+        the trend meaningful whatever the trainer's logging frequency. An
+        unknown trend counts as "not falling".
+        """
+        t = self.thresholds
+        derived = self._take_train_trend()
+        trend = derived if train_loss_trend is None else float(train_loss_trend)
+        value = float(value)
+        if not math.isfinite(value):
+            self._overfit_streak = 0
+            return self._episode("overfitting", False, step, "")
+
+        worse = self._last_eval is not None and (
+            value > self._last_eval if t.eval_mode == "min" else value < self._last_eval
+        )
+        falling = trend is not None and math.isfinite(trend) and trend < 0
+        if worse and falling:
+            if self._overfit_streak == 0:
+                self._overfit_start_value = self._last_eval
+            self._overfit_streak += 1
+        else:
+            self._overfit_streak = 0
+            self._overfit_start_value = None
+        self._last_eval = value
+
+        direction = "rose" if t.eval_mode == "min" else "fell"
+        start = self._overfit_start_value
+        return self._episode(
+            "overfitting", self._overfit_streak >= t.overfit_window, step,
+            f"eval metric {direction} from {_fmt(start if start is not None else value)} to {_fmt(value)} over "
+            f"{self._overfit_streak} consecutive evaluations (threshold {t.overfit_window}, eval_mode "
+            f"'{t.eval_mode}') while train loss kept falling (trend {_fmt(trend if trend is not None else 0.0)} "
+            "per eval interval); keep the best checkpoint and consider stopping early, adding regularisation "
+            "(dropout, weight decay) or more data",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume the rules exactly, as a JSON-able dict (no NaN/inf)."""
+        return {
+            "version": _STATE_VERSION,
+            "active": dict(self._active),
+            "vanishing_streak": self._vanishing_streak,
+            "max_loss_scale": self._max_loss_scale,
+            "last_eval": self._last_eval,
+            "overfit_streak": self._overfit_streak,
+            "overfit_start_value": self._overfit_start_value,
+            "interval_loss_sum": self._interval_loss_sum,
+            "interval_loss_count": self._interval_loss_count,
+            "prev_interval_mean": self._prev_interval_mean,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; open episodes stay open, so a restart does not re-alert.
+
+        Thresholds are not part of the state: they come from the current config.
+        """
+        version = state.get("version")
+        if version != _STATE_VERSION:
+            raise ValueError(
+                f"health monitor state has version {version!r}, this evald reads version {_STATE_VERSION}; "
+                "delete the saved state to start the health rules afresh"
+            )
+        expected = set(self.state_dict())
+        missing = expected - set(state)
+        if missing:
+            raise ValueError(f"health monitor state is missing keys {sorted(missing)}; it is corrupt or truncated")
+        self._reset_state()
+        active = state["active"]
+        for rule in RULES:
+            self._active[rule] = bool(active.get(rule, False))
+        self._vanishing_streak = int(state["vanishing_streak"])
+        self._max_loss_scale = None if state["max_loss_scale"] is None else float(state["max_loss_scale"])
+        self._last_eval = None if state["last_eval"] is None else float(state["last_eval"])
+        self._overfit_streak = int(state["overfit_streak"])
+        start = state["overfit_start_value"]
+        self._overfit_start_value = None if start is None else float(start)
+        self._interval_loss_sum = float(state["interval_loss_sum"])
+        self._interval_loss_count = int(state["interval_loss_count"])
+        prev = state["prev_interval_mean"]
+        self._prev_interval_mean = None if prev is None else float(prev)

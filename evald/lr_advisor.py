@@ -1,0 +1,59 @@
+"""Learning-rate advice from the seed article's rules (section 2.4).
+
+* the eval metric stalls while the train loss still falls -> overfitting:
+  lower the learning rate or start the decay early (advice: scale 0.5);
+* both stall -> plateau: raise the learning rate or reset the optimizer state
+  (advice: scale 2.0).
+"Stalls" means no improvement of the eval metric for ``window`` evaluations;
+the train loss "falls" when the mean of the train losses since the previous
+evaluation is below the mean of the interval before it. Each piece of advice
+is given once per episode and has an increasing id, so a trainer that applies
+it (opt-in) applies it once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LRAdvisor:
+    def __init__(self, *, mode: str = "min", window: int = 3, min_delta: float = 0.0) -> None:
+        self.mode = mode
+        self.window = max(1, window)
+        self.min_delta = min_delta
+        self.best: float | None = None
+        self.stalled = 0
+        self.active: str | None = None
+        self.next_id = 1
+
+    def observe(self, step: int, eval_value: float, train_loss_trend: float | None) -> dict[str, Any] | None:
+        """Advice dict when a new episode starts, else None. ``train_loss_trend`` < 0 means falling."""
+        better = self.best is None or (eval_value < self.best - self.min_delta if self.mode == "min"
+                                       else eval_value > self.best + self.min_delta)
+        if better:
+            self.best, self.stalled, self.active = eval_value, 0, None
+            return None
+        self.stalled += 1
+        if self.stalled < self.window:
+            return None
+        kind = "overfitting" if train_loss_trend is not None and train_loss_trend < 0 else "plateau"
+        if kind == self.active:
+            return None
+        self.active = kind
+        advice = {
+            "id": self.next_id, "step": step, "kind": kind, "scale": 0.5 if kind == "overfitting" else 2.0,
+            "reason": (f"eval metric has not improved for {self.stalled} evaluations while the train loss "
+                       f"still falls: overfitting; lower the learning rate or start the decay early"
+                       if kind == "overfitting" else
+                       f"eval metric and train loss both stalled for {self.stalled} evaluations: plateau; "
+                       f"raise the learning rate or reset the optimizer state"),
+        }
+        self.next_id += 1
+        return advice
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "stalled": self.stalled, "active": self.active, "next_id": self.next_id}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)

@@ -1,0 +1,1 @@
+"""Evaluation metrics for evald: sample quality, classification, and user plugins."""
