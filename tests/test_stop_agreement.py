@@ -173,7 +173,7 @@ def test_stale_then_current_run_id(short_dir):
     pub = Publisher(endpoint)
     sub = ControlSubscriber(endpoint, "run-new")
     try:
-        pub.start(ControlState(run_id="run-old", seq=9, stop_at_step=3))
+        pub.start(ControlState(run_id="run-old", seq=9, stop_at_step=3, reason="stale"))
         _wait_for_state(sub)
         pub.close()
         pub = Publisher(endpoint)

@@ -1,0 +1,71 @@
+"""The demo: train the tiny byte-level GPT for a minute or two with evald evaluating beside it.
+
+    ./scripts/demo.sh [--steps 400] [--every 50] [--out runs/demo]
+
+evald is started first with no knowledge of the run: it learns the checkpoint
+directory, the model and the validation data from the trainer's announcement.
+The two processes are pinned to different cores (DEVELOPERS.md: two
+MindSpore processes on two cores must be pinned).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--every", type=int, default=50)
+    p.add_argument("--out", default="runs/demo")
+    args = p.parse_args()
+
+    out = (REPO / args.out).resolve()
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    sockets = out / "sockets"
+    env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
+               EVALD_SOCKET_DIR=str(sockets))  # private endpoints for this demo
+    two_cores = len(os.sched_getaffinity(0)) >= 2
+    evald_cmd = [sys.executable, "-m", "evald", "--device", "0", "--lag-policy", "all"]
+    trainer_cmd = [sys.executable, "-m", "examples.tiny_lm.train", "--ckpt-dir", str(out / "ckpt"),
+                   "--steps", str(args.steps), "--every", str(args.every)]
+    if two_cores:
+        evald_cmd += ["--cpu-affinity", "1"]
+        trainer_cmd += ["--cpu", "0"]
+
+    print(f"[demo] starting evald: {' '.join(evald_cmd[1:])}", flush=True)
+    with open(out / "evald.log", "wb") as evald_log:
+        evald = subprocess.Popen(evald_cmd, env=env, cwd=REPO, stdout=evald_log, stderr=subprocess.STDOUT)
+        print(f"[demo] training {args.steps} steps, a snapshot every {args.every} (evald log: {out}/evald.log)",
+              flush=True)
+        started = time.time()
+        trainer = subprocess.run(trainer_cmd, env=env, cwd=REPO)
+        print(f"[demo] training exited with {trainer.returncode} after {time.time() - started:.0f}s; "
+              f"waiting for evald to evaluate the final checkpoint", flush=True)
+        try:
+            evald_rc = evald.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            evald.terminate()
+            evald_rc = evald.wait(timeout=30)
+    print("[demo] evald's evaluations:")
+    for line in (out / "evald.log").read_text(errors="replace").splitlines():
+        if " step " in line and "loss=" in line:
+            print("   ", line.split(" INFO ", 1)[-1])
+    logdir = out / "ckpt" / "evald"
+    print(f"\n[demo] TensorBoard events are in {logdir}")
+    print(f"[demo] view them with:  .venv/bin/tensorboard --logdir {logdir} --host 127.0.0.1")
+    return trainer.returncode or evald_rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Starting and reading back the real things: trainer, evald, TensorBoard event files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"GLOG_v": "3", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
+    env.update(extra or {})
+    return env
+
+
+class Proc:
+    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path) -> None:
+        self.args = list(args)
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.popen = subprocess.Popen(self.args, env=env, cwd=str(REPO), stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.args[:4]} did not exit in {timeout}s; log:\n{self.output()[-4000:]}")
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, sig)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.popen.wait(timeout=10)
+        self._log.close()
+
+
+def start_trainer(tmp: Path, ckpt_dir: Path, env: dict[str, str], *, steps: int = 60, every: int = 20,
+                  loop: str = "model", extra: Sequence[str] = (), name: str = "trainer", cpu: int | None = 0
+                  ) -> Proc:
+    args = [PYTHON, "-m", "examples.tiny_lm.train", "--ckpt-dir", str(ckpt_dir), "--steps", str(steps),
+            "--every", str(every), "--loop", loop, *extra]
+    if cpu is not None:
+        args += ["--cpu", str(cpu)]
+    return Proc(args, base_env(env), tmp / f"{name}.log")
+
+
+def start_evald(tmp: Path, env: dict[str, str], args: Sequence[str] = (), name: str = "evald",
+                cpu: str | None = "1") -> Proc:
+    cmd = [PYTHON, "-m", "evald", "--subset-size", "64", "--batch-size", "16", "--generation-prompts", "2",
+           "--generation-new-tokens", "8", *args]
+    if cpu is not None:
+        cmd += ["--cpu-affinity", cpu]
+    return Proc(cmd, base_env(env), tmp / f"{name}.log")
+
+
+def scalar_points(logdir: Path, tag: str) -> list[tuple[int, float, float]]:
+    """(step, wall_time, value) for ``tag``, read with TensorBoard's own EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    if tag not in acc.Tags().get("scalars", []):
+        return []
+    return [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+
+
+def raw_scalar_steps(logdir: Path, tag: str) -> list[int]:
+    """Every step at which ``tag`` occurs in any event file, read raw (purge logic cannot hide duplicates)."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+    from tensorboard.compat.proto import event_pb2
+
+    steps = []
+    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+        for raw in RawEventFileLoader(str(path)).Load():
+            event = event_pb2.Event.FromString(raw)
+            if any(v.tag == tag for v in event.summary.value):
+                steps.append(event.step)
+    return sorted(steps)
+
+
+def committed_steps(ckpt_dir: Path) -> list[int]:
+    from evald.contracts.layout import list_committed
+
+    return [step for step, _ in list_committed(ckpt_dir)]
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -1,0 +1,110 @@
+"""Issue 2: a real training job with EvaldCallback and a real evald, side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from tests.harness import (committed_steps, raw_scalar_steps, scalar_points, start_evald,
+                           start_trainer, wait_for)
+
+
+def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
+    ckpt = tmp_path / "ckpt"
+    # evald is given no directory and no model: it learns both from the trainer's announcement.
+    evald = start_evald(tmp_path, endpoints, ["--lag-policy", "all"])
+    procs.append(evald)
+    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=60, every=20)
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    assert evald.wait(180) == 0, evald.output()[-3000:]
+
+    committed = committed_steps(ckpt)
+    assert committed == [20, 40, 60]
+    points = scalar_points(ckpt / "evald", "eval/loss")
+    assert [step for step, _, _ in points] == committed  # exactly one point per checkpoint
+    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == committed
+    assert all(math.isfinite(value) for _, _, value in points)
+    # walltime is the checkpoint's commit time, not the time evald got to it
+    from evald.contracts.layout import read_manifest, step_dir_name
+
+    for step, wall_time, _ in points:
+        assert wall_time == pytest.approx(read_manifest(ckpt / step_dir_name(step)).commit_time, abs=1e-3)
+    for tag in ("eval/perplexity", "eval/accuracy", "sample/greedy/distinct_1", "train/loss", "train/eta_s"):
+        assert scalar_points(ckpt / "evald", tag), f"{tag} missing"
+    summary = json.loads((ckpt / "evald" / "summary.json").read_text())
+    assert summary["final_step"] == 60 and summary["checkpoints"] == {"evaluated": 3}
+
+
+def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_path, endpoints, procs):
+    ckpt = tmp_path / "ckpt"
+    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=20, every=10, loop="custom")
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    assert committed_steps(ckpt) == [10, 20]
+
+    evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all",
+                                              "--idle-exit-s", "2", "--no-zmq"])
+    procs.append(evald)
+    assert evald.wait(180) == 0, evald.output()[-3000:]
+    assert [s for s, _, _ in scalar_points(ckpt / "evald", "eval/loss")] == [10, 20]
+
+
+def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
+    ckpt = tmp_path / "ckpt"
+    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=10, every=10, loop="custom")
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--idle-exit-s", "2", "--no-zmq"],
+                        cpu=None)
+    procs.append(evald)
+    assert evald.wait(180) == 0, evald.output()[-3000:]
+    [(step, _, reported)] = scalar_points(ckpt / "evald", "eval/loss")
+
+    reference = in_process_loss(ckpt, step, subset_size=64, seed=1234)
+    assert abs(reported - reference) / reference < 1e-5, (reported, reference)
+
+
+def in_process_loss(ckpt, step, subset_size, seed):
+    """An independent evaluation: PyNative mode, float64 log-softmax in numpy, its own batching."""
+    import mindspore as ms
+    from safetensors.numpy import load_file
+
+    from evald.contracts.layout import step_dir_name
+    from examples.tiny_lm import data, model
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = model.build_model(seq_len=64)
+    weights = load_file(str(ckpt / step_dir_name(step) / "weights.safetensors"))
+    params = dict(net.parameters_and_names())
+    for name, array in weights.items():
+        params[name].set_data(ms.Tensor(array))
+    windows = data.validation_windows(seq_len=64)
+    rng = np.random.default_rng(seed)
+    chosen = windows[np.sort(rng.choice(len(windows), size=subset_size, replace=False))]
+    total, count = 0.0, 0
+    for start in range(0, len(chosen), 7):  # a different batch size than evald's on purpose
+        batch = chosen[start:start + 7]
+        logits = net(ms.Tensor(batch[:, :-1])).asnumpy().astype(np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        targets = batch[:, 1:]
+        total -= np.take_along_axis(log_probs, targets[..., None], -1).sum()
+        count += targets.size
+    return total / count
+
+
+def test_training_without_evald_finishes_normally(tmp_path, endpoints, procs):
+    ckpt = tmp_path / "ckpt"
+    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=40, every=10, loop="custom")
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    output = trainer.output()
+    assert "Traceback" not in output and " ERROR " not in output
+    stats = json.loads(output.split("evald hook:", 1)[1].splitlines()[0].strip().replace("'", '"'))
+    assert stats["hook_errors"] == 0 and stats["snapshots_skipped_busy"] == 0
+    assert stats["snapshots_written"] == 4
+    assert committed_steps(ckpt) == [10, 20, 30, 40]
