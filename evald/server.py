@@ -495,7 +495,7 @@ class Server:
         advice = self.advisor.observe(step, value, trend) if self.config.lr_advice else None
         if advice:
             log.warning("learning-rate advice at step %d: %s", step, advice["reason"])
-        if verdict.stop and (self.control_state is None or self.control_state.stop_at_step is None):
+        if verdict.stop and not self._stop_published_for_current_run():
             stop_at = max(self._latest_train_step, step) + self._stop_margin()
             log.warning("early stop: %s -> training stops at step %d", verdict.reason, stop_at)
             self._publish(stop_at_step=stop_at, reason=verdict.reason)
@@ -503,13 +503,20 @@ class Server:
             self._publish(lr_advice=advice, reason=advice["reason"])
         return ("STOP: " if verdict.stop else "") + verdict.reason
 
+    def _stop_published_for_current_run(self) -> bool:
+        state = self.control_state
+        return state is not None and state.stop_at_step is not None and state.run_id == self._run_id()
+
+    def _run_id(self) -> str:
+        return self.announcement.run_id if self.announcement else "unknown"
+
     def _stop_margin(self) -> int:
         every = self.announcement.every_n_steps if self.announcement and self.announcement.every_n_steps else 0
         return max(1, self.config.stop_margin_steps or every)
 
     def _publish(self, **changes: Any) -> None:
-        run_id = self.announcement.run_id if self.announcement else "unknown"
-        previous = self.control_state
+        run_id = self._run_id()
+        previous = self.control_state if self.control_state and self.control_state.run_id == run_id else None
         fields = {"stop_at_step": previous.stop_at_step if previous else None,
                   "reason": previous.reason if previous else "",
                   "lr_advice": previous.lr_advice if previous else None,

@@ -53,7 +53,10 @@ def _free_port() -> int:
 
 
 class _Publisher:
-    def __init__(self, endpoint: str, state: ControlState, interval_s: float = 0.05) -> None:
+    """Binds PUB like evald; once ``after()`` holds (or ``after_timeout_s`` passed), re-publishes."""
+
+    def __init__(self, endpoint: str, state: ControlState, interval_s: float = 0.05,
+                 after=None, after_timeout_s: float = 90.0) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -61,7 +64,14 @@ class _Publisher:
         self.sent = 0
         self._stop = threading.Event()
 
+        self.started_at: float | None = None
+
         def run():
+            deadline = time.monotonic() + after_timeout_s
+            while after is not None and not after() and time.monotonic() < deadline:
+                if self._stop.wait(0.005):
+                    return
+            self.started_at = time.monotonic()
             while not self._stop.is_set():
                 self.sock.send(state.encode())
                 self.sent += 1
@@ -103,7 +113,12 @@ def _run(work: Path) -> None:
            "--run-id", run_id, "--out-dir", str(out_dir), "--steps", str(STEPS),
            "--every-n-steps", str(EVERY_N), "--fallback-reduce-sum"]
 
-    pub = _Publisher(control, ControlState(run_id=run_id, seq=1, stop_at_step=STOP_AT, reason="test stop"))
+    # Publish only once rank 0 committed its step-EVERY_N checkpoint, so the agreement first
+    # runs ~EVERY_N zero-vote AllReduces (no false stop), then carries the decision; S - EVERY_N
+    # steps (seconds here) are left for the message to arrive, so the stop is at exactly S.
+    first_ckpt = ckpt_dir / layout.step_dir_name(EVERY_N) / layout.MANIFEST_FILE
+    pub = _Publisher(control, ControlState(run_id=run_id, seq=1, stop_at_step=STOP_AT, reason="test stop"),
+                     after=first_ckpt.exists)
     t0 = time.monotonic()
     try:
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -132,16 +147,19 @@ def _run(work: Path) -> None:
     for r, res in enumerate(results):
         assert res["world_size"] == WORKERS and res["hook_world_size"] == WORKERS and res["hook_rank"] == r
         # The agreement ran through a MindSpore AllReduce-SUM on every step until the decision
-        # was agreed (at step 1 when rank 0 already held it), and never after.
+        # was agreed, and never after.
         expected = "float32_reduce_sum" if shipped_broken else "mindspore_reduce_sum"
         assert res["agreement_collective"] and expected in res["agreement_collective"], res
-        assert 1 <= res["agreement_collective_calls"] <= STOP_AT, res
+        assert EVERY_N <= res["agreement_collective_calls"] < STOP_AT, res
         assert res["agreement_collective_calls"] == results[0]["agreement_collective_calls"], res
         assert res["subscriber"] == (r == 0), res
         assert res["agreed_stop_step"] == STOP_AT, res
         assert res["final_step"] == STOP_AT, f"rank {r} stopped at {res['final_step']}, not {STOP_AT}"
         assert res["hook_errors"] == 0, res
     assert results[0]["stop_reason"] == "test stop"
+    for r in range(WORKERS):
+        log_text = (log_dir / f"worker_{r}.log").read_text(errors="replace")
+        assert f"stopping at step {STOP_AT}" in log_text, f"worker_{r}.log:\n{log_text[-3000:]}"
     assert len({round(res["weights_abs_sum"], 5) for res in results}) == 1, "weights differ across ranks"
 
     manifest = ckpt_dir / layout.step_dir_name(STOP_AT) / layout.MANIFEST_FILE

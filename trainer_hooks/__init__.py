@@ -7,7 +7,7 @@ gradient norm (MindSpore 2.10 has no call that does).
 
 from trainer_hooks.hook import EvaldHook
 
-__all__ = ["EvaldHook", "EvaldCallback", "TrainStepWithGradNorm"]
+__all__ = ["EvaldHook", "EvaldCallback", "TrainStepWithGradNorm", "ScaleLearningRate"]
 
 
 def __getattr__(name: str):
@@ -20,4 +20,8 @@ def __getattr__(name: str):
         from trainer_hooks.train_step import TrainStepWithGradNorm
 
         return TrainStepWithGradNorm
+    if name == "ScaleLearningRate":
+        from trainer_hooks.lr_advice import ScaleLearningRate
+
+        return ScaleLearningRate
     raise AttributeError(name)

@@ -292,4 +292,6 @@ class EvaldHook:
             "notifications_sent": self.notifier.sent if self.notifier else 0,
             "notifications_dropped": self.notifier.dropped if self.notifier else 0,
             "hook_errors": self.errors,
+            "control_messages_ignored": (self.agreement.subscriber.ignored
+                                         if self.agreement and self.agreement.subscriber else 0),
         }
