@@ -12,8 +12,9 @@ Two kinds:
        else ``(E-1) * foreign_steps_per_epoch + S`` when that option is set;
     3. otherwise the file is skipped with a reason saying which option to set.
   Only network weights are kept: entries that match no network parameter
-  (optimizer moments, step counters) are dropped; a name matches exactly or as
-  the unique dotted suffix of a prefixed name (``network.model.w`` -> ``model.w``).
+  (optimizer moments, step counters) are dropped; names match exactly or after
+  one common dotted prefix (``network.model.w`` -> ``model.w``), the prefix
+  covering the most parameters, shortest on a tie (so ``adam_m.model.w`` loses).
 
 MindSpore writes ``x.tmp`` and renames it, so a final name is complete; for
 other writers a foreign file must also have kept its size and mtime for
@@ -104,7 +105,15 @@ def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
 
 
 def _step_from_contents(path: Path) -> int | None:
-    weights = _load_foreign(path, choice=lambda name: name in _STEP_KEYS)
+    try:
+        weights = _load_foreign(path, choice=lambda name: name in _STEP_KEYS)
+    except CheckpointError as exc:
+        # Fix (issue 3): MindSpore raises "The loaded parameter dict is empty after filter" both for
+        # an empty file and for a readable file that merely has no step entry (no append_info).
+        # Only the empty file is an error; the other falls through to the name rules.
+        if "empty after filter" in str(exc.__cause__) and path.stat().st_size > 0:
+            return None
+        raise
     for key in _STEP_KEYS:
         if key in weights:
             return int(np.asarray(weights[key]).reshape(-1)[0])
@@ -151,19 +160,35 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
 
     ``expected`` is ``{name: (shape, dtype)}``. With ``strict`` (evald layout)
     every entry must be a parameter; otherwise (foreign files) extra entries are
-    dropped and prefixed names are matched by unique dotted suffix.
+    dropped and prefixed names are matched through the one dotted prefix that
+    covers the most parameters (the shortest on a tie), never an optimizer
+    moment such as ``adam_m.<prefix>.<name>``.
     """
     matched: dict[str, np.ndarray] = {}
     unexpected = []
-    for name, array in weights.items():
-        target = name if name in expected else None
-        if target is None and not strict:
-            hits = [n for n in expected if name.endswith("." + n)]
-            target = hits[0] if len(hits) == 1 else None
-        if target is None:
-            unexpected.append(name)
-        else:
-            matched[target] = array
+    if strict:
+        for name, array in weights.items():
+            if name in expected:
+                matched[name] = array
+            else:
+                unexpected.append(name)
+    else:
+        # Fix (issue 3): optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w",
+        # "adam_v.model.w"), so "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w".
+        # Picking per entry let the last one (the Adam second moments) overwrite the real weight.
+        # A network's weights share ONE prefix (its path in the saved cell), so choose the prefix
+        # that covers the most parameters, the shortest on a tie: optimizer state always adds its
+        # own prefix on top of the weight's name, so the weights' prefix is the shorter one.
+        by_prefix: dict[str, dict[str, str]] = {}
+        for name in weights:
+            parts = name.split(".")
+            for i in range(len(parts)):
+                suffix = ".".join(parts[i:])
+                if suffix in expected:
+                    by_prefix.setdefault(".".join(parts[:i]), {})[suffix] = name
+        best = min(by_prefix, key=lambda prefix: (-len(by_prefix[prefix]), len(prefix)), default=None)
+        chosen = by_prefix.get(best, {}) if best is not None else {}
+        matched = {target: weights[name] for target, name in chosen.items()}
     missing = sorted(set(expected) - set(matched))
     mismatched = [f"{n}: checkpoint {tuple(a.shape)} vs network {tuple(expected[n][0])}"
                   for n, a in matched.items() if tuple(a.shape) != tuple(expected[n][0])]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import re
 from pathlib import Path
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
@@ -41,6 +42,11 @@ class _Handler(FileSystemEventHandler):
         # a foreign file written in place settles later; let the caller re-check it
         if not event.is_directory:
             self._out.put((WATCHDOG, Path(os.fsdecode(event.src_path))))
+
+
+def _natural_key(name: str) -> list:
+    """``x-1_5.ckpt`` before ``x-1_10.ckpt``; zero-padded ``step_N`` dirs sort by step anyway."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
 
 
 class Discovery:
@@ -72,7 +78,10 @@ class Discovery:
         count = 0
         try:
             with os.scandir(self.ckpt_dir) as entries:
-                for entry in entries:
+                # Fix (issue 3): in step order, not directory order. The every-k lag policy numbers
+                # checkpoints on arrival; a burst found by one rescan arrived in hash order
+                # (ext4), so k=2 picked e.g. steps 50 and 60 instead of 20, 40 and 60.
+                for entry in sorted(entries, key=lambda e: _natural_key(e.name)):
                     self._out.put((RESCAN, Path(entry.path)))
                     count += 1
         except FileNotFoundError:

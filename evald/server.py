@@ -468,6 +468,10 @@ class Server:
         self.ledger.set_state(entry.key, L.EVALUATED, metrics={k: v for k, v in result.metrics.items()
                                                               if math.isfinite(v)})
         self._persist_decisions()
+        # The write's own duration cannot be inside the record it times: a second record. A crash
+        # between the two loses this point (the evaluation is not redone), never duplicates one.
+        self.event_log.write(entry.step, commit_time, {"evald/write_s": write_s,
+                                                        "evald/commit_to_written_s": time.time() - commit_time})
         log.info("step %d: %s | load %.3fs evaluate %.3fs write %.3fs, %.1fs after commit",
                  entry.step, " ".join(f"{k.removeprefix('eval/')}={v:.4g}" for k, v in result.metrics.items()
                           if k.startswith("eval/")),

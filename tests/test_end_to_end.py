@@ -33,7 +33,11 @@ def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
 
     for step, wall_time, _ in points:
         assert wall_time == pytest.approx(read_manifest(ckpt / step_dir_name(step)).commit_time, abs=1e-3)
-    for tag in ("eval/perplexity", "eval/accuracy", "sample/greedy/distinct_1", "train/loss", "train/eta_s"):
+    for tag in ("eval/perplexity", "eval/accuracy", "sample/greedy/distinct_1", "sample/sampled/rep_2",
+                "sample/greedy/topic_consistency", "train/loss", "train/grad_norm", "train/learning_rate",
+                "train/step_time_s", "train/samples_per_s", "train/tokens_per_s", "train/eta_s",
+                "evald/load_s", "evald/evaluate_s", "evald/write_s", "evald/commit_to_written_s",
+                "evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total"):
         assert scalar_points(ckpt / "evald", tag), f"{tag} missing"
     summary = json.loads((ckpt / "evald" / "summary.json").read_text())
     assert summary["final_step"] == 60 and summary["checkpoints"] == {"evaluated": 3}
