@@ -210,24 +210,40 @@ def rss_kb(pid: int) -> int:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+class Pusher:
+    """A ZeroMQ PUSH socket connected to evald's endpoint, sending real wire messages."""
+
+    def __init__(self, endpoint: str, linger_ms: int = 5000) -> None:
+        import zmq
+
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.SNDHWM, 1_000_000)
+        self._socket.setsockopt(zmq.LINGER, linger_ms)
+        self._socket.connect(endpoint)
+
+    def send(self, messages: Iterable[wire.Message]) -> int:
+        sent = 0
+        for message in messages:
+            self._socket.send(message.encode())
+            sent += 1
+        return sent
+
+    def close(self) -> None:
+        self._socket.close()
+        self._context.term()
+
+    def __enter__(self) -> "Pusher":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def push(endpoint: str, messages: Iterable[wire.Message], linger_ms: int = 5000) -> int:
     """Send real wire messages over a ZeroMQ PUSH socket connected to evald's endpoint."""
-    import zmq
-
-    context = zmq.Context()
-    sock = context.socket(zmq.PUSH)
-    sock.setsockopt(zmq.SNDHWM, 100000)
-    sock.setsockopt(zmq.LINGER, linger_ms)
-    sock.connect(endpoint)
-    sent = 0
-    try:
-        for message in messages:
-            sock.send(message.encode())
-            sent += 1
-    finally:
-        sock.close()
-        context.term()
-    return sent
+    with Pusher(endpoint, linger_ms) as pusher:
+        return pusher.send(messages)
 
 
 def committed_notice(ckpt_dir: Path, step: int, run_id: str = "faults") -> wire.CheckpointCommitted:

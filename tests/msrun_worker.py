@@ -25,41 +25,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def float32_reduce_sum():
-    """The proposed fix of trainer_hooks.stop_agreement.mindspore_reduce_sum.
-
-    CPU AllReduce takes float32/float16 only. float32 is exact for integers
-    below 2**24, so each non-negative int64 is sent as four 16-bit limbs; a SUM
-    of up to 256 ranks' limbs stays below 2**24, and the carries are resolved
-    after the reduce. Only for the test's fallback; the real fix belongs in
-    trainer_hooks.
-    """
-    import numpy as np
-    import mindspore as ms
-    from mindspore import nn, ops
-
-    class _AllReduceSum(nn.Cell):
-        def __init__(self):
-            super().__init__()
-            self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM)
-
-        def construct(self, x):
-            return self.all_reduce(x)
-
-    cell = _AllReduceSum()
-    shifts = np.array([0, 16, 32, 48], dtype=np.int64)
-
-    def reduce_sum(vector):
-        v = np.asarray(vector, dtype=np.int64)
-        if (v < 0).any():
-            raise ValueError("reduce_sum encodes non-negative integers only")
-        limbs = ((v[:, None] >> shifts) & 0xFFFF).astype(np.float32)
-        summed = np.rint(cell(ms.Tensor(limbs.reshape(-1))).asnumpy()).astype(np.int64)
-        return (summed.reshape(limbs.shape) << shifts).sum(axis=1)
-
-    return reduce_sum
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--ckpt-dir", required=True)
@@ -70,8 +35,6 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=150, help="steps per rank if nobody stops training")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--every-n-steps", type=int, default=20)
-    p.add_argument("--fallback-reduce-sum", action="store_true",
-                   help="if trainer_hooks' own AllReduce-SUM fails, pass float32_reduce_sum() instead")
     args = p.parse_args()
 
     import numpy as np
@@ -96,11 +59,6 @@ def main() -> int:
         probe_sum = None if shipped is None else [int(v) for v in shipped(np.array([rank, 1]))]
     except Exception as exc:  # e.g. CPU AllReduce refusing int32
         probe_error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
-    hook_kwargs = {}
-    if probe_error is not None and args.fallback_reduce_sum:
-        # Keep testing the rest of the pipeline with the proposed fix; the test
-        # still fails on probe_error.
-        hook_kwargs["reduce_sum"] = float32_reduce_sum()
 
     n = args.steps * args.batch_size * world
     rng = np.random.default_rng(0)  # the same full data set on every rank; each takes its shard
@@ -118,7 +76,7 @@ def main() -> int:
     evald_cb = EvaldCallback(ckpt_dir=args.ckpt_dir, every_n_steps=args.every_n_steps,
                              endpoint=args.endpoint, control_endpoint=args.control_endpoint,
                              run_id=args.run_id, agree_every=1, network=net,
-                             total_steps=args.steps, final_snapshot_timeout_s=30.0, **hook_kwargs)
+                             total_steps=args.steps, final_snapshot_timeout_s=30.0)
     hook = evald_cb.hook
 
     class ResultCallback(Callback):

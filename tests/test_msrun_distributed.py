@@ -111,7 +111,7 @@ def _run(work: Path) -> None:
            "--cluster_time_out=120", str(WORKER),
            "--ckpt-dir", str(ckpt_dir), "--endpoint", notify, "--control-endpoint", control,
            "--run-id", run_id, "--out-dir", str(out_dir), "--steps", str(STEPS),
-           "--every-n-steps", str(EVERY_N), "--fallback-reduce-sum"]
+           "--every-n-steps", str(EVERY_N)]
 
     # Publish only once rank 0 committed its step-EVERY_N checkpoint, so the agreement first
     # runs ~EVERY_N zero-vote AllReduces (no false stop), then carries the decision; S - EVERY_N
@@ -168,9 +168,7 @@ def _run(work: Path) -> None:
     committed = [step for step, _ in layout.list_committed(ckpt_dir)]
     assert committed == [EVERY_N, STOP_AT], committed  # rank 0 only, periodic + final
 
-    # Last, the collective EvaldCallback picks by itself (mindspore_reduce_sum): rank r sent [r, 1].
-    # If it is broken the job above ran with the test's float32 fallback, so everything
-    # else is still checked, but the shipped code would never stop a distributed run.
+    # The collective EvaldCallback picks by itself (mindspore_reduce_sum): rank r sent [r, 1].
     for res in results:
         assert res["probe_error"] is None, (
             f"trainer_hooks.stop_agreement.mindspore_reduce_sum() fails on rank {res['rank']}: "

@@ -188,8 +188,6 @@ def test_stale_then_current_run_id(short_dir):
         pub.close()
 
 
-@pytest.mark.xfail(reason="wire.decode rejects ControlState.reason == '' (its default): a stop "
-                          "published without a reason is dropped by every subscriber", strict=False)
 def test_control_state_default_reason_round_trips():
     from evald.contracts.wire import decode
 

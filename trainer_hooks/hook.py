@@ -180,16 +180,19 @@ class EvaldHook:
                  data_offset: int | None = None, seed: int | None = None) -> bool:
         """Call after every optimizer step. Returns True when training must stop now."""
         try:
-            return self._step_end(step, network or self.network, optimizer or self.optimizer, epoch,
-                                  loss, lr, grad_norm, loss_scale, overflow, samples, tokens,
-                                  extra_scalars, data_offset, seed)
+            self._step_end(step, network or self.network, optimizer or self.optimizer, epoch,
+                           loss, lr, grad_norm, loss_scale, overflow, samples, tokens,
+                           extra_scalars, data_offset, seed)
         except Exception:
             self.errors += 1
             log.exception("evald hook error at step %d (ignored; training continues)", step)
-            return False
+        # Outside the try above: the agreement is a collective that every rank must run at
+        # every step whatever failed before it on this rank, or the ranks' collectives fall
+        # out of step (a hang, or a spurious agreed stop).
+        return self._agree(step)
 
     def _step_end(self, step, network, optimizer, epoch, loss, lr, grad_norm, loss_scale,
-                  overflow, samples, tokens, extra_scalars, data_offset, seed) -> bool:
+                  overflow, samples, tokens, extra_scalars, data_offset, seed) -> None:
         scalars = {"loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
                    "loss_scale": loss_scale, "overflow": overflow, **(extra_scalars or {})}
         if self.notifier is not None:
@@ -199,11 +202,24 @@ class EvaldHook:
                 self.notifier.send(TrainMetrics(run_id=self.run_id, records=tuple(batch)))
         if self.writer is not None and network is not None and step % self.every_n_steps == 0:
             self._snapshot(step, network, optimizer, epoch, lr, loss_scale, seed, data_offset)
-        stop = self.agreement is not None and self.agreement.should_stop(step)
-        if self.agreement is not None and self.agreement.subscriber is not None:
-            self._apply_lr_advice()
+
+    def _agree(self, step: int) -> bool:
+        if self.agreement is None:
+            return False
+        try:
+            stop = self.agreement.should_stop(step)
+        except Exception:
+            self.errors += 1
+            log.exception("evald stop agreement failed at step %d (ignored; training continues)", step)
+            return False
+        if self.agreement.subscriber is not None:
+            try:
+                self._apply_lr_advice()
+            except Exception:
+                self.errors += 1
+                log.exception("evald learning-rate advice failed at step %d (ignored)", step)
         if stop:
-            self.stop_reason = self.agreement.reason if self.agreement else ""
+            self.stop_reason = self.agreement.reason
             log.warning("evald asked to stop training: stopping at step %d (%s)", step, self.stop_reason)
         return stop
 

@@ -110,9 +110,19 @@ def mindspore_reduce_sum() -> ReduceSum | None:
             return self.all_reduce(x)
 
     cell = _AllReduceSum()
+    # CPU AllReduce takes float32/float16 only (int32: "Select CPU operator[AllReduce] fail!
+    # Unsupported data type!"). float32 holds integers exactly below 2**24, so each
+    # non-negative int64 travels as four 16-bit limbs: a SUM over up to 256 ranks stays
+    # exact, and the carries are resolved after the reduce.
+    shifts = np.array([0, 16, 32, 48], dtype=np.int64)
 
     def reduce_sum(vector: np.ndarray) -> np.ndarray:
-        return cell(ms.Tensor(vector.astype(np.int32))).asnumpy()
+        v = np.asarray(vector, dtype=np.int64).reshape(-1)
+        if (v < 0).any():
+            raise ValueError("reduce_sum sums non-negative integers only")
+        limbs = ((v[:, None] >> shifts) & 0xFFFF).astype(np.float32)
+        summed = np.rint(cell(ms.Tensor(limbs.reshape(-1))).asnumpy()).astype(np.int64)
+        return (summed.reshape(limbs.shape) << shifts).sum(axis=1)
 
     return reduce_sum
 

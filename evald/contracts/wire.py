@@ -164,7 +164,7 @@ _FLOAT_FIELDS = {"sent_at", "commit_time"}
 _STR_FIELDS = {"run_id", "ckpt_dir", "path", "reason", "task", "control_endpoint"}
 
 
-def _check_field(name: str, value: Any, optional: bool) -> Any:
+def _check_field(name: str, value: Any, optional: bool, may_be_empty: bool = False) -> Any:
     if value is None:
         if optional:
             return None
@@ -177,7 +177,7 @@ def _check_field(name: str, value: Any, optional: bool) -> Any:
             raise ProtocolError(f"field {name!r} must be a number, got {value!r}")
         value = float(value)
     elif name in _STR_FIELDS:
-        if not isinstance(value, str) or not value:
+        if not isinstance(value, str) or (not value and not may_be_empty):
             raise ProtocolError(f"field {name!r} must be a non-empty string, got {value!r}")
     return value
 
@@ -240,7 +240,7 @@ def decode(frame: bytes) -> Message:
             if value is not None and not isinstance(value, dict):
                 raise ProtocolError(f"{cls.TYPE}.{f.name} must be an object or null")
         else:
-            value = _check_field(f.name, value, optional)
+            value = _check_field(f.name, value, optional, may_be_empty=f.default == "")
         kwargs[f.name] = value
     if "path" in kwargs:
         rel = kwargs["path"]
