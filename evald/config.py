@@ -98,6 +98,9 @@ class EvaldConfig:
     lr_advice: bool = _opt(True, "publish learning-rate advice (overfitting / plateau) on the control channel")
     advice_window: int = _opt(3, "evaluations a stall must last before learning-rate advice is given")
     control_republish_s: float = _opt(1.0, "seconds between re-publications of the control state")
+    health_thresholds: dict = _opt(None, "training-health alert thresholds ([health] table or JSON), e.g. "
+                                   "grad_norm_explosion, grad_norm_vanishing, vanishing_window; see docs/metrics.md",
+                                   factory=dict)
     # --- logging
     log_level: str = _opt("INFO", "DEBUG, INFO, WARNING or ERROR")
 
@@ -151,6 +154,8 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
         elif key == "generation" and isinstance(value, dict):
             for sub, sub_value in value.items():
                 put("generation_" + sub, sub_value, "[generation].")
+        elif key == "health" and isinstance(value, dict):
+            values["health_thresholds"] = dict(value)
         elif isinstance(value, dict) and key in ("early_stop", "evald"):
             for sub, sub_value in value.items():
                 put(sub, sub_value, f"[{key}].")
@@ -184,4 +189,7 @@ def build_config(toml_path: str | None, cli_values: dict[str, Any]) -> EvaldConf
     values.update(environment_values())
     values.update({k: v for k, v in cli_values.items() if v is not None})
     config = EvaldConfig(**values)
+    from evald.health import HealthThresholds
+
+    HealthThresholds.from_mapping(config.health_thresholds)  # a typo fails here, not mid-run
     return replace(config, metric_plugins=tuple(config.metric_plugins))

@@ -109,7 +109,8 @@ class Server:
         from evald.health import HealthMonitor, HealthThresholds
         from evald.lr_advisor import LRAdvisor
 
-        self.health = HealthMonitor(HealthThresholds(eval_mode=config.mode))
+        self.health = HealthMonitor(HealthThresholds.from_mapping({"eval_mode": config.mode,
+                                                                   **config.health_thresholds}))
         self.advisor = LRAdvisor(mode=config.mode, window=config.advice_window, min_delta=config.min_delta)
         self.control_state: ControlState | None = None
 

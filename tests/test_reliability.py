@@ -156,13 +156,19 @@ def _kill_evald_repeatedly(tmp_path: Path, procs: list, *, checkpoints: int, kil
         proc = faults.start(tmp_path, ckpt, *args, "--idle-exit-s", "60", name=f"evald-kill{i:02d}")
         procs.append(proc)
         t0 = time.time()
-        if rng.random() < 0.3:  # some kills land during import/compile ...
+        mode = rng.random()
+        if mode < 0.25:  # during import/compile ...
             deadline = t0 + rng.uniform(0, ready_after[-1] if ready_after else 4.0)
-        else:  # ... most while evald works through its backlog
+        else:
             wait_for(lambda: "evaluation network ready" in proc.output() or proc.popen.poll() is not None,
                      180, "evald ready")
             ready_after.append(time.time() - t0)
-            deadline = time.time() + rng.uniform(0, 1.5)
+            if mode < 0.6:  # ... at a random moment while it works through the backlog ...
+                deadline = time.time() + rng.uniform(0, 1.5)
+            else:  # ... or aimed at an evaluation in progress (load, forward, event write, ledger)
+                wait_for(lambda: faults.ledger_states(ckpt).get("evaluating") or proc.popen.poll() is not None,
+                         60, "an evaluation in progress", interval=0.005)
+                deadline = time.time() + rng.uniform(0, 0.1)
         while time.time() < deadline:
             if len(pending) > kills - i - 1 and rng.random() < 0.3:
                 faults.commit(ckpt, pending.pop(0))
