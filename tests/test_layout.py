@@ -53,7 +53,7 @@ def test_failed_write_leaves_no_checkpoint_and_no_temp(tmp_path):
 
 def test_existing_step_is_not_overwritten(tmp_path):
     layout.write_checkpoint(tmp_path, 5, weights(), run_id="r")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(layout.AlreadyCommitted):
         layout.write_checkpoint(tmp_path, 5, weights(), run_id="r")
 
 

@@ -385,7 +385,8 @@ def _flood(tmp_path: Path, endpoints: dict, procs: list, *, burst: int, notifica
         messages.append(faults.committed_notice(ckpt, step))
     rng.shuffle(messages)
     faults.push(endpoints["EVALD_ENDPOINT"], messages)
-    burst_s = time.time() - burst_started
+    burst_done = time.time()
+    burst_s = burst_done - burst_started
     rss_peak = rss_before
     deadline = time.time() + 240
     while not (_all_final(ckpt, len(known)) and burst_steps[-1] in _evaluated(ckpt)):
@@ -407,8 +408,9 @@ def _flood(tmp_path: Path, endpoints: dict, procs: list, *, burst: int, notifica
                    skipped_actual=skipped, evaluated=_evaluated(ckpt), ledger_rows=len(rows),
                    step2_evaluate_s=round(step2_done - rows[layout.step_dir_name(2)]["started_at"], 2))
     _report("flood", **figures)
-    # the burst really happened while step 2 was being evaluated
-    assert all(rows[layout.step_dir_name(s)]["seen_at"] < step2_done for s in burst_steps), figures
+    # The burst really happened while step 2 was being evaluated (the main loop reads the
+    # queued notifications and events only after that evaluation, hence one decision for all).
+    assert burst_done < step2_done, figures
     assert len(rows) == len(known)  # notices of absent checkpoints left no rows
     assert skipped == expected_skipped, figures
     assert _evaluated(ckpt) == [1, 2, burst_steps[-1]]

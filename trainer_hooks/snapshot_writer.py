@@ -98,7 +98,7 @@ class SnapshotWriter:
                 job, self._pending, self._busy = self._pending, None, True
             try:
                 self._write(job)
-            except FileExistsError as exc:
+            except layout.AlreadyCommitted as exc:
                 log.info("%s", exc)
             except Exception as exc:  # disk full, permissions...: record, keep training
                 self.failed += 1

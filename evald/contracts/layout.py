@@ -54,6 +54,10 @@ class LayoutError(ValueError):
     """A checkpoint directory does not follow the layout (or fails verification)."""
 
 
+class AlreadyCommitted(FileExistsError):
+    """That step is already committed: a resumed run repeating a step keeps the first checkpoint."""
+
+
 def step_dir_name(step: int) -> str:
     """``step_000000100`` for step 100: zero-padded so names sort by step."""
     if step < 0:
@@ -198,7 +202,7 @@ def write_checkpoint(
 ) -> Path:
     """Commit ``weights`` (host numpy arrays) as checkpoint ``step``; return its directory.
 
-    Raises FileExistsError if that step is already committed (a resumed run that
+    Raises AlreadyCommitted if that step is already committed (a resumed run that
     repeats a step keeps the first checkpoint), OSError on IO failure (the temp
     directory is removed). ``before_commit`` is a test seam: it runs with the
     complete temp directory just before the rename.
@@ -208,7 +212,7 @@ def write_checkpoint(
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / step_dir_name(step)
     if final.exists():
-        raise FileExistsError(f"checkpoint {final} is already committed; not overwriting it")
+        raise AlreadyCommitted(f"checkpoint {final} is already committed; not overwriting it")
     tmp = ckpt_dir / f".{step_dir_name(step)}.tmp-{secrets.token_hex(6)}"
     tmp.mkdir(parents=True)
     try:

@@ -1,0 +1,107 @@
+"""The trainer hook's promises, in-process with real MindSpore parameters and real files:
+it never waits for a write, never raises into the loop, and copies (not views) the weights."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+from mindspore import nn  # noqa: E402
+
+from evald.contracts import layout  # noqa: E402
+from trainer_hooks import EvaldHook  # noqa: E402
+from trainer_hooks.host_copy import host_copy_of_weights  # noqa: E402
+
+
+class Big(nn.Cell):
+    """~200 MB of weights: committing it (safetensors + fsync + sha256) takes far longer than a call."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = ms.Parameter(ms.Tensor(np.ones((50_000_000,), np.float32)), name="w")
+
+    def construct(self, x):
+        return x
+
+
+@pytest.fixture
+def hook_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("EVALD_SOCKET_DIR", str(tmp_path / "sockets"))  # nobody listens there
+
+
+def test_snapshot_due_while_writing_is_skipped_and_counted(tmp_path, hook_env):
+    net = Big()
+    hook = EvaldHook(tmp_path / "ckpt", every_n_steps=1, network=net)
+    hook.step_end(1)
+    assert hook.writer.busy  # step_end returned while the write is still going on
+    hook.step_end(2)
+    hook.step_end(3)
+    hook.train_end(3)
+    stats = hook.stats()
+    assert stats["snapshots_written"] >= 1 and stats["snapshots_skipped_busy"] >= 1
+    assert stats["hook_errors"] == 0
+    assert [s for s, _ in layout.list_committed(tmp_path / "ckpt")][0] == 1
+
+
+def test_nothing_raises_into_the_training_loop(tmp_path, hook_env):
+    class Broken:
+        def parameters_and_names(self):
+            raise RuntimeError("device lost")
+
+    hook = EvaldHook(tmp_path / "ckpt", every_n_steps=1, network=Broken())
+    assert hook.step_end(1, loss="not a number", lr=object()) is False
+    assert hook.errors == 1
+    hook.train_end(1)
+
+
+def test_unwritable_checkpoint_dir_is_recorded_not_raised(tmp_path, hook_env):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the checkpoint directory should be")
+    hook = EvaldHook(blocker / "ckpt", every_n_steps=1, network=nn.Dense(2, 2))
+    assert hook.step_end(1) is False
+    hook.train_end(1)  # must not raise either
+
+
+def test_repeated_step_keeps_the_first_checkpoint(tmp_path, hook_env):
+    net = nn.Dense(2, 2)
+    hook = EvaldHook(tmp_path / "ckpt", every_n_steps=1, network=net)
+    hook.step_end(1)
+    hook.writer.close()
+    first = layout.read_manifest(tmp_path / "ckpt" / layout.step_dir_name(1))
+    resumed = EvaldHook(tmp_path / "ckpt", every_n_steps=1, network=net)
+    resumed.step_end(1)
+    resumed.writer.close()
+    assert resumed.writer.failed == 0
+    assert layout.read_manifest(tmp_path / "ckpt" / layout.step_dir_name(1)) == first
+
+
+def test_disk_error_during_commit_is_counted_and_training_goes_on(tmp_path, hook_env):
+    net = nn.Dense(2, 2)
+    hook = EvaldHook(tmp_path / "ckpt", every_n_steps=1, network=net)
+    (tmp_path / "ckpt" / layout.RUN_FILE).unlink()
+    (tmp_path / "ckpt").rmdir()
+    (tmp_path / "ckpt").write_text("the directory was replaced by a file: every write fails")
+    hook.step_end(1)
+    hook.writer.close()
+    assert hook.writer.failed == 1 and "step 1" in hook.writer.last_error
+    assert hook.step_end(2) is False  # a closed writer: the next step is simply not snapshotted
+
+
+def test_host_copy_is_a_copy_not_a_view():
+    net = nn.Dense(2, 2)
+    copied = host_copy_of_weights(net)
+    before = copied["weight"].copy()
+    net.weight.set_data(ms.Tensor(np.full((2, 2), 7.0, np.float32)))
+    assert np.array_equal(copied["weight"], before)
+
+
+def test_optimizer_state_is_not_in_the_snapshot():
+    net = nn.Dense(2, 2)
+    optimizer = nn.Adam(net.trainable_params())
+    train = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    # weights only (no adam moments, step counter or learning rate), named as in the bare network
+    assert set(host_copy_of_weights(train, optimizer)) == set(host_copy_of_weights(net)) == {"weight", "bias"}
+    assert len(list(train.get_parameters())) > 2
