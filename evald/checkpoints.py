@@ -158,37 +158,29 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
                 ) -> dict[str, np.ndarray]:
     """Map checkpoint entries onto the network's parameter names, or raise naming every problem.
 
-    ``expected`` is ``{name: (shape, dtype)}``. With ``strict`` (evald layout)
-    every entry must be a parameter; otherwise (foreign files) extra entries are
-    dropped and prefixed names are matched through the one dotted prefix that
-    covers the most parameters (the shortest on a tie), never an optimizer
-    moment such as ``adam_m.<prefix>.<name>``.
+    ``expected`` is ``{name: (shape, dtype)}``. Names match exactly or through
+    the one dotted prefix that covers the most parameters (the shortest on a
+    tie), never an optimizer moment such as ``adam_m.<prefix>.<name>``. With
+    ``strict`` (evald layout) every entry must match; otherwise (foreign files,
+    which hold optimizer state too) the others are dropped.
     """
-    matched: dict[str, np.ndarray] = {}
-    unexpected = []
-    if strict:
-        for name, array in weights.items():
-            if name in expected:
-                matched[name] = array
-            else:
-                unexpected.append(name)
-    else:
-        # Fix (issue 3): optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w",
-        # "adam_v.model.w"), so "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w".
-        # Picking per entry let the last one (the Adam second moments) overwrite the real weight.
-        # A network's weights share ONE prefix (its path in the saved cell), so choose the prefix
-        # that covers the most parameters, the shortest on a tie: optimizer state always adds its
-        # own prefix on top of the weight's name, so the weights' prefix is the shorter one.
-        by_prefix: dict[str, dict[str, str]] = {}
-        for name in weights:
-            parts = name.split(".")
-            for i in range(len(parts)):
-                suffix = ".".join(parts[i:])
-                if suffix in expected:
-                    by_prefix.setdefault(".".join(parts[:i]), {})[suffix] = name
-        best = min(by_prefix, key=lambda prefix: (-len(by_prefix[prefix]), len(prefix)), default=None)
-        chosen = by_prefix.get(best, {}) if best is not None else {}
-        matched = {target: weights[name] for target, name in chosen.items()}
+    # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"),
+    # so "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry
+    # let the Adam second moments overwrite the real weight. A network's weights share ONE
+    # prefix (its path in the saved cell: "" for the bare network, "model." under a loss
+    # cell), so choose the prefix that covers the most parameters, the shortest on a tie:
+    # optimizer state always adds its own prefix on top, so the weights' prefix is shorter.
+    by_prefix: dict[str, dict[str, str]] = {}
+    for name in weights:
+        parts = name.split(".")
+        for i in range(len(parts)):
+            suffix = ".".join(parts[i:])
+            if suffix in expected:
+                by_prefix.setdefault(".".join(parts[:i]), {})[suffix] = name
+    best = min(by_prefix, key=lambda prefix: (-len(by_prefix[prefix]), len(prefix)), default=None)
+    chosen = by_prefix.get(best, {}) if best is not None else {}
+    matched = {target: weights[name] for target, name in chosen.items()}
+    unexpected = sorted(set(weights) - set(chosen.values()))
     missing = sorted(set(expected) - set(matched))
     mismatched = [f"{n}: checkpoint {tuple(a.shape)} vs network {tuple(expected[n][0])}"
                   for n, a in matched.items() if tuple(a.shape) != tuple(expected[n][0])]
@@ -196,7 +188,7 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
     if missing:
         problems.append(f"missing parameters {_few(missing)}")
     if strict and unexpected:
-        problems.append(f"unexpected parameters {_few(sorted(unexpected))}")
+        problems.append(f"unexpected parameters {_few(unexpected)}")
     if mismatched:
         problems.append(f"shape mismatch {_few(mismatched)}")
     if problems:

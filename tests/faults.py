@@ -147,13 +147,13 @@ def start(tmp: Path, ckpt_dir: Path | None, *args: str, env: dict[str, str] | No
     return start_evald(Path(tmp), env or {}, [*cmd, *args], name=name, cpu=None)
 
 
-def ledger_path(ckpt_dir: Path) -> Path:
-    return Path(ckpt_dir) / layout.EVALD_SUBDIR / "ledger.sqlite"
+def ledger_path(ckpt_dir: Path, logdir: Path | None = None) -> Path:
+    return Path(logdir) / "ledger.sqlite" if logdir else Path(ckpt_dir) / layout.EVALD_SUBDIR / "ledger.sqlite"
 
 
-def ledger_rows(ckpt_dir: Path) -> list[dict[str, Any]]:
+def ledger_rows(ckpt_dir: Path, logdir: Path | None = None) -> list[dict[str, Any]]:
     """Every row of the ``checkpoints`` table (an empty list before evald created it)."""
-    path = ledger_path(ckpt_dir)
+    path = ledger_path(ckpt_dir, logdir)
     if not path.exists():
         return []
     db = sqlite3.connect(path, timeout=30)
@@ -167,13 +167,13 @@ def ledger_rows(ckpt_dir: Path) -> list[dict[str, Any]]:
         db.close()
 
 
-def ledger_by_key(ckpt_dir: Path) -> dict[str, dict[str, Any]]:
-    return {r["key"]: r for r in ledger_rows(ckpt_dir)}
+def ledger_by_key(ckpt_dir: Path, logdir: Path | None = None) -> dict[str, dict[str, Any]]:
+    return {r["key"]: r for r in ledger_rows(ckpt_dir, logdir)}
 
 
-def ledger_states(ckpt_dir: Path) -> dict[str, int]:
+def ledger_states(ckpt_dir: Path, logdir: Path | None = None) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for row in ledger_rows(ckpt_dir):
+    for row in ledger_rows(ckpt_dir, logdir):
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     return counts
 
@@ -324,6 +324,40 @@ def _foreign_train(args: argparse.Namespace) -> None:
     print("foreign training finished", flush=True)
 
 
+def _save_ckpts(args: argparse.Namespace) -> None:
+    """MindSpore ``.ckpt`` files (``save_checkpoint``) from a JSON list of
+    ``{"path", "seed", "step_num": int|null, "prefix": "", "moments": bool}``: the weights are
+    ``weights_for_step(seed)`` under ``prefix``; ``moments`` adds Adam-like optimizer state
+    (``adam_m.``/``adam_v.`` + name) and a ``global_step``, as ``Model.train`` saves them."""
+    import mindspore as ms
+
+    with np.load(args.weights) as data:
+        base = {name: data[name] for name in data.files}
+    for spec in json.loads(Path(args.spec).read_text()):
+        weights = weights_for_step(int(spec["seed"]), base)
+        prefix = spec.get("prefix", "")
+        params = [{"name": prefix + name, "data": ms.Tensor(array)} for name, array in weights.items()]
+        if spec.get("moments"):
+            rng = np.random.default_rng(0)
+            params.append({"name": "global_step", "data": ms.Tensor(np.array([7], np.int32))})
+            for state in ("adam_m.", "adam_v."):
+                params.extend({"name": state + prefix + name,
+                               "data": ms.Tensor((1e-3 * rng.standard_normal(a.shape)).astype(a.dtype))}
+                              for name, a in weights.items())
+        append = {"step_num": int(spec["step_num"])} if spec.get("step_num") is not None else None
+        ms.save_checkpoint(params, spec["path"], append_dict=append)
+        print(f"saved {spec['path']}", flush=True)
+
+
+def save_ckpts(specs: list[dict[str, Any]], work_dir: Path) -> None:
+    """Write MindSpore .ckpt files (one subprocess, one mindspore import); see ``_save_ckpts``."""
+    demo_weights()
+    spec_path = Path(work_dir) / f"ckpt-specs-{time.time_ns()}.json"
+    spec_path.write_text(json.dumps(specs))
+    subprocess.run([PYTHON, "-m", "tests.faults", "save-ckpts", str(spec_path), "--weights",
+                    str(_weights_cache())], env=base_env(), cwd=str(REPO), check=True, timeout=300)
+
+
 def _slow_copy(args: argparse.Namespace) -> None:
     """Write ``dst`` in place (no temp name): first half, fsync, pause, rest."""
     data = Path(args.src).read_bytes()
@@ -366,6 +400,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--ref-offset", type=int, default=1000)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("save-ckpts")
+    p.add_argument("spec")
+    p.add_argument("--weights", required=True)
     p = sub.add_parser("slow-copy")
     p.add_argument("src")
     p.add_argument("dst")
@@ -377,6 +414,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _writer(args)
     elif args.command == "foreign-train":
         _foreign_train(args)
+    elif args.command == "save-ckpts":
+        _save_ckpts(args)
     elif args.command == "slow-copy":
         _slow_copy(args)
     return 0

@@ -84,6 +84,17 @@ def scalar_points(logdir: Path, tag: str) -> list[tuple[int, float, float]]:
     return [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
 
 
+def text_events(logdir: Path, tag: str) -> list[tuple[int, str]]:
+    """(step, text) of a tensorboardX text summary (tag + "/text_summary"), via EventAccumulator."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
+    acc.Reload()
+    if tag not in acc.Tags().get("tensors", []):
+        return []
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
+
+
 def raw_scalar_steps(logdir: Path, tag: str) -> list[int]:
     """Every step at which ``tag`` occurs in any event file, read raw (purge logic cannot hide duplicates)."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.harness import (committed_steps, raw_scalar_steps, scalar_points, start_evald,
-                           start_trainer, wait_for)
+                           start_trainer, text_events, wait_for)
 
 
 def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
@@ -39,6 +39,9 @@ def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
                 "evald/load_s", "evald/evaluate_s", "evald/write_s", "evald/commit_to_written_s",
                 "evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total"):
         assert scalar_points(ckpt / "evald", tag), f"{tag} missing"
+    for mode in ("greedy", "sampled"):  # a few generated samples as text at every evaluation
+        samples = text_events(ckpt / "evald", f"sample/{mode}/text_summary")
+        assert [step for step, _ in samples] == committed and all("->" in text for _, text in samples)
     summary = json.loads((ckpt / "evald" / "summary.json").read_text())
     assert summary["final_step"] == 60 and summary["checkpoints"] == {"evaluated": 3}
 

@@ -8,17 +8,7 @@ import time
 import zmq
 
 from evald.contracts import wire
-from tests.harness import start_evald, wait_for
-
-
-def text_events(logdir, tag):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
-    acc.Reload()
-    if tag not in acc.Tags().get("tensors", []):
-        return []
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
+from tests.harness import start_evald, text_events, wait_for
 
 
 def test_alerts_fire_once_per_episode_and_healthy_signals_stay_quiet(tmp_path, endpoints, procs):

@@ -105,3 +105,26 @@ def test_optimizer_state_is_not_in_the_snapshot():
     # weights only (no adam moments, step counter or learning rate), named as in the bare network
     assert set(host_copy_of_weights(train, optimizer)) == set(host_copy_of_weights(net)) == {"weight", "bias"}
     assert len(list(train.get_parameters())) > 2
+
+
+def test_callback_without_network_snapshots_weights_that_fit_the_bare_network(tmp_path, hook_env):
+    from mindspore.train import Model
+
+    from evald.checkpoints import match_names
+    from examples.tiny_lm import data, model
+    from trainer_hooks import EvaldCallback, TrainStepWithGradNorm
+
+    net = model.build_model(seq_len=16, d_model=32)
+    optimizer = nn.AdamWeightDecay(net.trainable_params(), 1e-3)
+    windows = data.training_windows(8, seq_len=16)
+    dataset = ms.dataset.NumpySlicesDataset({"window": windows}, shuffle=False).batch(4)
+    callback = EvaldCallback(str(tmp_path / "ckpt"), every_n_steps=2)  # no network=: the train cell
+    Model(TrainStepWithGradNorm(model.LMLoss(net), optimizer)).train(1, dataset, callbacks=[callback])
+
+    [(step, path)] = layout.list_committed(tmp_path / "ckpt")
+    from safetensors.numpy import load_file
+
+    weights = load_file(str(path / layout.WEIGHTS_FILE))
+    bare = model.build_model(seq_len=16, d_model=32)
+    expected = {name: (tuple(p.shape), str(p.dtype)) for name, p in bare.parameters_and_names()}
+    assert set(match_names(weights, expected, strict=True)) == set(expected)  # no optimizer state

@@ -40,7 +40,7 @@ class EvaldCallback(Callback):
             step = int(args.cur_step_num)
             self._last_step = step
             loss, grad_norm, overflow, loss_scale = _unpack_outputs(args.get("net_outputs"))
-            optimizer = args.get("optimizer")
+            optimizer = _optimizer_of(args)
             samples = self.batch_size
             tokens = samples * self.tokens_per_sample if samples and self.tokens_per_sample else None
             stop = self.hook.step_end(
@@ -60,7 +60,7 @@ class EvaldCallback(Callback):
             args = run_context.original_args()
             step = int(args.get("cur_step_num") or self._last_step)
             self.hook.train_end(step, network=self.hook.network or args.get("train_network") or args.get("network"),
-                                optimizer=args.get("optimizer"), epoch=args.get("cur_epoch_num"))
+                                optimizer=_optimizer_of(args), epoch=args.get("cur_epoch_num"))
         except Exception:
             self.hook.errors += 1
             log.exception("EvaldCallback error at the end of training (ignored)")
@@ -75,6 +75,15 @@ def _unpack_outputs(outputs: Any) -> tuple[Any, Any, Any, Any]:
             return outputs[0], None, outputs[1], outputs[2]
         return (outputs[0] if outputs else None), None, None, None
     return outputs, None, None, None
+
+
+def _optimizer_of(args: Any) -> Any:
+    """Model(net, loss, optimizer) fills ``optimizer``; Model(train_cell) leaves it None, but a
+    TrainOneStepCell holds its own. Without it the snapshot would include optimizer state."""
+    optimizer = args.get("optimizer")
+    if optimizer is None:
+        optimizer = getattr(args.get("train_network"), "optimizer", None)
+    return optimizer
 
 
 def _current_lr(optimizer: Any) -> Any:

@@ -1,0 +1,129 @@
+"""Issue 3, foreign producers: MindSpore's own ModelCheckpoint files, found with no notification.
+
+* a real ``Model.train`` run of the demo model checkpointed only by ``ModelCheckpoint``
+  (``.ckpt`` with optimizer state, temp file + rename) while evald watches: every file is
+  evaluated with the NETWORK weights (checked against evald-layout copies of the same weights);
+* the step rule: ``step_num`` in the contents, else the name ``PREFIX-E_S`` with E == 1, else
+  ``--foreign-steps-per-epoch``; otherwise a failure whose reason says what to set;
+* a foreign file written slowly in place (no temp name) is not read before it settles.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from evald.contracts import layout
+from tests import faults
+from tests.harness import PYTHON, Proc, base_env, scalar_points, wait_for
+
+
+def _losses(logdir: Path) -> dict[int, float]:
+    points = scalar_points(logdir, "eval/loss")
+    steps = [s for s, _, _ in points]
+    assert len(steps) == len(set(steps)), f"duplicated points: {steps}"
+    return {s: v for s, _, v in points}
+
+
+def _final(rows: list[dict]) -> bool:
+    return all(r["state"] in ("evaluated", "skipped", "failed", "deleted") for r in rows)
+
+
+def test_model_checkpoint_files_written_during_training_are_evaluated(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)  # evald-layout reference copies (below) need the factories; nothing is sent
+    evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--foreign-settle-s", "1")
+    procs.append(evald)
+    wait_for(lambda: "evaluating checkpoints of" in evald.output(), 120, "evald attached")
+    trainer = Proc([PYTHON, "-m", "tests.faults", "foreign-train", "--ckpt-dir", str(ckpt), "--prefix", "tinylm",
+                    "--epochs", "2", "--steps-per-epoch", "6", "--save-steps", "3", "--append-step",
+                    "--ref-dir", str(ckpt), "--ref-offset", "1000", "--step-sleep", "0.2"],
+                   base_env(), tmp_path / "foreign-train.log")
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    names = ["tinylm-1_3.ckpt", "tinylm-1_6.ckpt", "tinylm-2_3.ckpt", "tinylm-2_6.ckpt"]
+    assert all((ckpt / n).is_file() for n in names)
+    wait_for(lambda: len(faults.ledger_rows(ckpt)) >= 8 and _final(faults.ledger_rows(ckpt)), 180,
+             "all eight checkpoints handled")
+    evald.signal(signal.SIGTERM)
+    assert evald.wait(60) == 0, evald.output()[-3000:]
+
+    rows = faults.ledger_by_key(ckpt)
+    foreign = {k: r for k, r in rows.items() if r["kind"] == "foreign"}
+    assert sorted(foreign) == names  # no .tmp, no .meta, nothing else
+    # step_num in the contents: epoch 2's files are global steps 9 and 12 with no other hint
+    assert [foreign[n]["step"] for n in names] == [3, 6, 9, 12]
+    assert all(r["state"] == "evaluated" and r["source"] in ("watchdog", "rescan") for r in foreign.values())
+    assert sorted(k for k in rows if k not in foreign) == [layout.step_dir_name(s) for s in (1003, 1006, 1009, 1012)]
+    losses = _losses(ckpt / "evald")
+    for step in (3, 6, 9, 12):  # the network's weights, not the Adam moments saved beside them
+        assert losses[step] == pytest.approx(losses[1000 + step], rel=1e-5), (step, losses)
+    # trained weights: far below a uniform guess (what the Adam moments gave: exactly ln 256)
+    assert all(losses[s] < math.log(256) - 1 for s in (3, 6, 9, 12)), losses
+    assert "Traceback" not in evald.output() and "cannot read" not in evald.output()
+
+
+def test_foreign_step_rules_and_a_slow_in_place_writer(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)
+    source = tmp_path / "src" / "slow-source.ckpt"
+    source.parent.mkdir()
+    faults.save_ckpts([
+        {"path": str(ckpt / "noinfo-1_4.ckpt"), "seed": 4},                  # name, epoch 1 -> 4
+        {"path": str(ckpt / "noinfo-2_3.ckpt"), "seed": 8},                  # name, epoch 2 -> needs spe
+        {"path": str(ckpt / "withinfo-3_2.ckpt"), "seed": 99, "step_num": 99},  # contents win -> 99
+        # Model.train-style names with optimizer state beside the weights, step only in the contents
+        {"path": str(ckpt / "wrapped.ckpt"), "seed": 12, "step_num": 12, "prefix": "network.model.",
+         "moments": True},
+        {"path": str(ckpt / "nostep.ckpt"), "seed": 5},                      # no step anywhere
+        {"path": str(source), "seed": 20},
+    ], tmp_path)
+    for step in (12, 20):  # evald-layout copies of the same weights, to compare the losses
+        faults.commit(ckpt, 1000 + step, faults.weights_for_step(step))
+
+    # Run 1: --foreign-steps-per-epoch 5, and a foreign writer that writes in place, slowly.
+    settle = 2.5
+    first = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--foreign-steps-per-epoch", "5",
+                         "--foreign-settle-s", str(settle))
+    procs.append(first)
+    wait_for(lambda: "evaluation network ready" in first.output(), 180, "evald evaluating")
+    slow = Proc([PYTHON, "-m", "tests.faults", "slow-copy", str(source), str(ckpt / "slow-1_20.ckpt"),
+                 "--pause", "1.5"], base_env(), tmp_path / "slow-copy.log")
+    procs.append(slow)
+    assert slow.wait(60) == 0, slow.output()
+    completed = float(slow.output().split("complete")[1].split()[0])
+    wait_for(lambda: faults.ledger_by_key(ckpt).get("slow-1_20.ckpt", {}).get("state") == "evaluated", 60,
+             "the slowly written file evaluated")
+    wait_for(lambda: _final(faults.ledger_rows(ckpt)) and len(faults.ledger_rows(ckpt)) == 8, 60, "all handled")
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0, first.output()[-3000:]
+
+    rows = faults.ledger_by_key(ckpt)
+    steps = {k: r["step"] for k, r in rows.items() if r["kind"] == "foreign"}
+    assert steps == {"noinfo-1_4.ckpt": 4, "noinfo-2_3.ckpt": 8, "withinfo-3_2.ckpt": 99, "wrapped.ckpt": 12,
+                     "nostep.ckpt": -1, "slow-1_20.ckpt": 20}
+    assert rows["nostep.ckpt"]["state"] == "failed" and "no step in the name" in rows["nostep.ckpt"]["reason"]
+    assert all(r["state"] == "evaluated" for k, r in rows.items() if k != "nostep.ckpt"), rows
+    # never read half-written: found only once it had kept still for --foreign-settle-s
+    assert rows["slow-1_20.ckpt"]["seen_at"] >= completed + settle - 0.1
+    assert "cannot read" not in first.output()
+    losses = _losses(ckpt / "evald")
+    assert losses[12] == pytest.approx(losses[1012], rel=1e-5)  # weights picked out of the optimizer state
+    assert losses[20] == pytest.approx(losses[1020], rel=1e-5)  # the slow file, read whole
+
+    # Run 2 (its own log dir): without --foreign-steps-per-epoch an epoch-2 name is not a step.
+    second_logdir = tmp_path / "second"
+    second = faults.start(tmp_path, ckpt, "--logdir", str(second_logdir), "--lag-policy", "all",
+                          "--foreign-settle-s", "0", "--idle-exit-s", "2", name="evald-second")
+    procs.append(second)
+    assert second.wait(180) == 0, second.output()[-3000:]
+    rows = faults.ledger_by_key(ckpt, second_logdir)
+    assert rows["noinfo-2_3.ckpt"]["state"] == "failed"
+    assert "--foreign-steps-per-epoch" in rows["noinfo-2_3.ckpt"]["reason"]
+    assert "append_info" in rows["noinfo-2_3.ckpt"]["reason"]
+    assert {k: r["step"] for k, r in rows.items() if r["state"] == "evaluated" and r["kind"] == "foreign"} == {
+        "noinfo-1_4.ckpt": 4, "withinfo-3_2.ckpt": 99, "wrapped.ckpt": 12, "slow-1_20.ckpt": 20}
