@@ -7,10 +7,12 @@ Two kinds:
 * ``foreign``: a ``.ckpt`` or ``.safetensors`` file written by MindSpore's
   own ``ModelCheckpoint`` (or ``save_checkpoint``), found with no
   notification. Its global step comes from, in order:
-    1. a ``step_num`` entry in the file (``CheckpointConfig(append_info=["step_num"])``);
-    2. the name ``PREFIX-E_S.ckpt`` (S is the step within epoch E): S if E is 1,
-       else ``(E-1) * foreign_steps_per_epoch + S`` when that option is set;
-    3. otherwise the file is skipped with a reason saying which option to set.
+    1. the name ``PREFIX-1_S.ckpt``: in epoch 1 the step within the epoch, S,
+       is the global step (no need to read the file);
+    2. a ``step_num`` entry in the file (``CheckpointConfig(append_info=["step_num"])``);
+    3. the name ``PREFIX-E_S.ckpt`` with ``--foreign-steps-per-epoch``:
+       ``(E-1) * steps_per_epoch + S``;
+    4. otherwise the file is failed with a reason saying which option to set.
   Only network weights are kept: entries that match no network parameter
   (optimizer moments, step counters) are dropped; names match exactly or after
   one common dotted prefix (``network.model.w`` -> ``model.w``), the prefix

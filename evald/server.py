@@ -88,13 +88,16 @@ class Server:
         self.receiver = None
         self.control = None
         self.evaluator = None
-        self._evaluator_error: str | None = None
+        self._evaluator_error: object = None
+        self._device_selected = False
+        self._made_progress = False
         self._known: set[str] = set()
         self._recheck: dict[Path, float] = {}
         self._train_steps_written: set[int] = set()
         self._latest_train_step = 0
         self._bad_messages = 0
         self._final_step: int | None = None
+        self._summarised_step: int | None = None  # the final step whose run summary was written
         self._finish_reason = ""
         self._finished_at: float | None = None
         self._last_rescan = 0.0
@@ -148,16 +151,23 @@ class Server:
 
     def main_loop(self) -> None:
         while not self.should_exit:
-            self._drain_events(timeout=0.0 if self._has_queued() else 0.2)
+            self._drain_events(timeout=0.0 if self._made_progress else 0.2)
             self._tick()
             if self.should_exit:
                 break
-            self._evaluate_next()
+            self._made_progress = self._evaluate_next()
             if self._run_complete():
-                self._finish_run()
+                # Fix (issue 3): summarise a finished run once. With --serve-forever this ran on
+                # every turn of the loop (every 0.2 s): a new evald/summary record, summary.json
+                # rewrite and control-state publication five times a second, forever.
+                if self._summarised_step != self._final_step:
+                    self._finish_run()
+                    self._summarised_step = self._final_step
                 if not self.config.serve_forever:
                     break
-            if self.config.idle_exit_s is not None and \
+            # Fix (issue 3): a foreign file waiting to settle (self._recheck) is work too; evald
+            # used to exit idle before reading it.
+            if self.config.idle_exit_s is not None and not self._recheck and \
                     time.monotonic() - self._last_activity > self.config.idle_exit_s and not self._has_queued():
                 log.info("nothing to do for %.0fs: exiting (--idle-exit-s)", self.config.idle_exit_s)
                 break
@@ -226,6 +236,10 @@ class Server:
                 metrics = {k: v for k, v in on_disk[entry.step].items() if k.startswith("eval/")}
                 self.ledger.set_state(entry.key, L.EVALUATED, "recovered from TensorBoard events after a crash",
                                       metrics=metrics)
+        # Fix (issue 3): a crash between a row's "seen" and its admission (two commits) left it
+        # "seen" for ever: known, so never handled again, and never queued: a missed checkpoint.
+        # Forget that it is known; the startup rescan admits it again (see _handle_path).
+        self._known -= {e.key for e in self.ledger.with_state(L.SEEN)}
         self.early_stop.load_state_dict(self.ledger.get_state("early_stop", {}))
         self.health.load_state_dict(self.ledger.get_state("health", {})) if self.ledger.get_state("health") else None
         self.advisor.load_state_dict(self.ledger.get_state("lr_advisor", {}))
@@ -313,7 +327,8 @@ class Server:
             self._record_failure(path.name, -1, candidate)
             return
         if not self.ledger.record_seen(candidate.key, candidate.step, candidate.kind, str(candidate.path),
-                                       source, candidate.run_id, candidate.commit_time):
+                                       source, candidate.run_id, candidate.commit_time) \
+                and self.ledger.get(candidate.key).state != L.SEEN:  # "seen" only after a crash: admit it
             return
         self._latest_train_step = max(self._latest_train_step, candidate.step)
         log.info("found checkpoint %s (step %d) via %s", candidate.key, candidate.step, source)
@@ -365,21 +380,23 @@ class Server:
     def _has_queued(self) -> bool:
         return self.ledger is not None and bool(self.ledger.with_state(L.QUEUED))
 
-    def _evaluate_next(self) -> None:
+    def _evaluate_next(self) -> bool:
+        """Evaluate (or skip) what the lag policy picks; True if a checkpoint was dealt with."""
         if self.ledger is None:
-            return
+            return False
         queued = self.ledger.with_state(L.QUEUED)
         decision = decide(self.config.lag_policy, [(e.key, e.step) for e in queued], final_step=self._final_step)
         for key, reason in decision.skip:
             self.ledger.set_state(key, L.SKIPPED, reason)
             log.info("skipped %s: %s", key, reason)
         if decision.evaluate is None:
-            return
+            return bool(decision.skip)
         entry = self.ledger.get(decision.evaluate)
         assert entry is not None
         if not self._ensure_evaluator():
-            return
+            return False
         self._evaluate(entry, queue_depth=len(queued) - 1 - len(decision.skip))
+        return True
 
     def _ensure_evaluator(self) -> bool:
         if self.evaluator is not None:
@@ -397,19 +414,31 @@ class Server:
         from evald.evaluator import Evaluator
         from evald.metrics.plugins import load_metric, plugin_name
 
-        select_device(self.config.device_target, self.config.device)
-        plugins = [_Plugin(plugin_name(spec), load_metric(spec)) for spec in self.config.metric_plugins]
-        generation = None
-        if task == "lm" and self.config.generation_prompts > 0:
-            from evald.tasks.generation import SampleGenerator
+        if self._evaluator_error == ("build", task, model, data):
+            return False  # the same specs failed already; wait for a new announcement or config
+        try:
+            if not self._device_selected:
+                select_device(self.config.device_target, self.config.device)
+                self._device_selected = True
+            plugins = [_Plugin(plugin_name(spec), load_metric(spec)) for spec in self.config.metric_plugins]
+            generation = None
+            if task == "lm" and self.config.generation_prompts > 0:
+                from evald.tasks.generation import SampleGenerator
 
-            generation = SampleGenerator(
-                prompts=self.config.generation_prompts, prompt_len=self.config.generation_prompt_len,
-                new_tokens=self.config.generation_new_tokens, top_k=self.config.generation_top_k,
-                top_p=self.config.generation_top_p, seed=self.config.generation_seed)
-        self.evaluator = Evaluator(task=task, model=model, data=data, subset_size=self.config.subset_size,
-                                   subset_seed=self.config.subset_seed, batch_size=self.config.batch_size,
-                                   plugins=plugins, generation=generation)
+                generation = SampleGenerator(
+                    prompts=self.config.generation_prompts, prompt_len=self.config.generation_prompt_len,
+                    new_tokens=self.config.generation_new_tokens, top_k=self.config.generation_top_k,
+                    top_p=self.config.generation_top_p, seed=self.config.generation_seed)
+            self.evaluator = Evaluator(task=task, model=model, data=data, subset_size=self.config.subset_size,
+                                       subset_seed=self.config.subset_seed, batch_size=self.config.batch_size,
+                                       plugins=plugins, generation=generation)
+        except Exception as exc:
+            # A configuration error (bad factory, plug-in, device) must not crash-loop evald:
+            # say what failed, keep every checkpoint queued, retry when the specs change.
+            log.exception("cannot build the evaluation network (%s); checkpoints stay queued until the "
+                          "factories or plug-ins are fixed and announced again", exc)
+            self._evaluator_error = ("build", task, model, data)
+            return False
         return True
 
     def _specs(self) -> tuple[str, FactorySpec | None, FactorySpec | None]:

@@ -7,8 +7,11 @@ In-process helpers (numpy, safetensors, sqlite, zmq only; no mindspore):
   can evaluate checkpoints committed without any training.
 * ``announce`` / ``commit``: RUN.json and evald-layout checkpoints.
 * ``start`` (evald with small, fast settings), ``ledger_rows``, ``tb_texts``,
-  ``rss_kb``, ``push`` (real wire messages over a ZeroMQ PUSH socket).
-* corruption helpers: ``truncate``, ``flip_bit``, ``overwrite_garbage``.
+  ``event_file_records`` (CRC-checked TFRecord walk: is the last record whole?),
+  ``rss_kb``, ``Pusher``/``push`` (real wire messages over a ZeroMQ PUSH socket).
+* corruption helpers: ``truncate``, ``flip_bit``, ``overwrite_garbage``;
+  ``save_ckpts``: MindSpore ``.ckpt`` files (optionally prefixed, with optimizer
+  state, with or without ``step_num``) written by ``mindspore.save_checkpoint``.
 
 Subprocess entry points (``python -m tests.faults COMMAND ...``):
 
@@ -19,6 +22,7 @@ Subprocess entry points (``python -m tests.faults COMMAND ...``):
   checkpointing is MindSpore's own ``ModelCheckpoint`` (optimizer state
   included); optionally also evald-layout reference checkpoints of the same
   network weights at ``step + ref_offset``, to prove what evald evaluated.
+* ``save-ckpts SPEC.json``: the files ``save_ckpts`` describes (one mindspore import).
 * ``slow-copy``: copy a file in place in two halves with a pause between
   (a foreign writer that does not use temp + rename).
 """
@@ -192,6 +196,32 @@ def tb_texts(logdir: Path, prefix: str = "evald/") -> list[tuple[int, str, str]]
                     tag = value.tag.removesuffix("/text_summary")
                     found.append((event.step, tag, value.tensor.string_val[0].decode("utf-8", "replace")))
     return found
+
+
+def event_file_records(path: Path) -> tuple[int, int]:
+    """(records, trailing bytes) of a TFRecord event file, every length and data CRC checked.
+
+    A writer that was closed cleanly leaves 0 trailing bytes; a torn last record shows as
+    trailing bytes (or a CRC mismatch, which raises)."""
+    import struct
+
+    from tensorboardX.record_writer import masked_crc32c
+
+    data = Path(path).read_bytes()
+    offset = records = 0
+    while len(data) - offset >= 12:
+        header = data[offset:offset + 8]
+        (length,) = struct.unpack("<Q", header)
+        (header_crc,) = struct.unpack("<I", data[offset + 8:offset + 12])
+        if header_crc != masked_crc32c(header) or offset + 16 + length > len(data):
+            break
+        payload = data[offset + 12:offset + 12 + length]
+        (payload_crc,) = struct.unpack("<I", data[offset + 12 + length:offset + 16 + length])
+        if payload_crc != masked_crc32c(payload):
+            raise ValueError(f"{path}: record {records} has a bad CRC")
+        offset += 16 + length
+        records += 1
+    return records, len(data) - offset
 
 
 def scalar_tags(logdir: Path) -> list[str]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +126,15 @@ def test_foreign_step_rules_and_a_slow_in_place_writer(tmp_path, procs):
     assert "append_info" in rows["noinfo-2_3.ckpt"]["reason"]
     assert {k: r["step"] for k, r in rows.items() if r["state"] == "evaluated" and r["kind"] == "foreign"} == {
         "noinfo-1_4.ckpt": 4, "withinfo-3_2.ckpt": 99, "wrapped.ckpt": 12, "slow-1_20.ckpt": 20}
+
+
+def test_idle_exit_waits_for_a_foreign_file_to_settle(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)
+    faults.save_ckpts([{"path": str(ckpt / "late-1_7.ckpt"), "seed": 7}], tmp_path)
+    (ckpt / "late-1_7.ckpt").touch()  # just written: it must keep still for 3 s before it is read
+    evald = faults.start(tmp_path, ckpt, "--foreign-settle-s", "3", "--idle-exit-s", "1")
+    procs.append(evald)
+    assert evald.wait(180) == 0, evald.output()[-3000:]
+    [row] = faults.ledger_rows(ckpt)
+    assert (row["key"], row["step"], row["state"]) == ("late-1_7.ckpt", 7, "evaluated")
