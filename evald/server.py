@@ -241,7 +241,9 @@ class Server:
         # Forget that it is known; the startup rescan admits it again (see _handle_path).
         self._known -= {e.key for e in self.ledger.with_state(L.SEEN)}
         self.early_stop.load_state_dict(self.ledger.get_state("early_stop", {}))
-        self.health.load_state_dict(self.ledger.get_state("health", {})) if self.ledger.get_state("health") else None
+        health_state = self.ledger.get_state("health")
+        if health_state:
+            self.health.load_state_dict(health_state)
         self.advisor.load_state_dict(self.ledger.get_state("lr_advisor", {}))
         for entry in self.ledger.with_state(L.EVALUATED):  # decisions lost in a crash are replayed
             if entry.metrics and self.config.monitor in entry.metrics:
@@ -502,10 +504,13 @@ class Server:
         # between the two loses this point (the evaluation is not redone), never duplicates one.
         self.event_log.write(entry.step, commit_time, {"evald/write_s": write_s,
                                                         "evald/commit_to_written_s": time.time() - commit_time})
-        log.info("step %d: %s | load %.3fs evaluate %.3fs write %.3fs, %.1fs after commit",
+        log.info("step %d: %s | load %.3fs evaluate %.3fs write %.3fs, %.1fs after commit | lag %d steps, "
+                 "queue %d, skipped %d, failed %d",
                  entry.step, " ".join(f"{k.removeprefix('eval/')}={v:.4g}" for k, v in result.metrics.items()
                           if k.startswith("eval/")),
-                 result.load_s, result.evaluate_s, write_s, time.time() - commit_time)
+                 result.load_s, result.evaluate_s, write_s, time.time() - commit_time,
+                 scalars["evald/lag_steps"], scalars["evald/queue_depth"], scalars["evald/skipped_total"],
+                 scalars["evald/failed_total"])
 
     def _record_failure(self, key: str, step: int, reason: str, state: str = L.FAILED) -> None:
         assert self.ledger is not None
