@@ -25,7 +25,6 @@ other writers a foreign file must also have kept its size and mtime for
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -44,6 +43,10 @@ _STEP_KEYS = ("step_num", "cur_step_num", "global_step")
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be evaluated; the message says why and is recorded in the ledger."""
+
+
+class CheckpointDeleted(CheckpointError):
+    """The checkpoint disappeared (the trainer's cleanup, a user) before evald could read it."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ def _load_foreign(path: Path, choice=None) -> dict[str, np.ndarray]:
 def load_weights(candidate: Candidate) -> dict[str, np.ndarray]:
     """Host arrays of a candidate's weights; CheckpointError says what is wrong with the file."""
     if not candidate.path.exists():
-        raise CheckpointError(f"{candidate.key}: deleted before it could be evaluated")
+        raise CheckpointDeleted(f"{candidate.key}: deleted before it could be evaluated")
     if candidate.kind == FOREIGN:
         return _load_foreign(candidate.path)
     from safetensors import SafetensorError
@@ -148,7 +151,7 @@ def load_weights(candidate: Candidate) -> dict[str, np.ndarray]:
         weights_path = layout.verify_weights(candidate.path, manifest)
     except layout.LayoutError as exc:
         if not candidate.path.exists():
-            raise CheckpointError(f"{candidate.key}: deleted before it could be evaluated") from exc
+            raise CheckpointDeleted(f"{candidate.key}: deleted before it could be evaluated") from exc
         raise CheckpointError(str(exc)) from exc
     try:
         return load_file(str(weights_path))
@@ -202,14 +205,3 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
 def _few(items: list[str], limit: int = 8) -> str:
     shown = ", ".join(items[:limit])
     return f"[{shown}{', …' if len(items) > limit else ''}] ({len(items)})"
-
-
-def is_interesting_name(name: str) -> bool:
-    return layout.parse_step_dir_name(name) is not None or name.endswith(FOREIGN_SUFFIXES)
-
-
-def mtime_or_none(path: Path) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except FileNotFoundError:
-        return None

@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from evald.config import EvaldConfig, build_config, default_of, option_fields
 

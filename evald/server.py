@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import queue
 import signal
 import time
@@ -38,6 +37,7 @@ from evald.checkpoints import (
     FOREIGN,
     FOREIGN_SUFFIXES,
     Candidate,
+    CheckpointDeleted,
     CheckpointError,
     candidate_for,
     load_weights,
@@ -103,7 +103,6 @@ class Server:
         self._last_rescan = 0.0
         self._last_activity = time.monotonic()
         self._signals = 0
-        self._current_key: str | None = None
         self.trend = TrainLossTrend()
         self.early_stop = EarlyStopPolicy(
             monitor=config.monitor, mode=config.mode, patience=config.patience, min_delta=config.min_delta,
@@ -455,7 +454,6 @@ class Server:
         assert self.ledger is not None and self.event_log is not None
         self._last_activity = time.monotonic()
         self.ledger.set_state(entry.key, L.EVALUATING)
-        self._current_key = entry.key
         candidate = Candidate(entry.key, entry.step, entry.kind, Path(entry.path), entry.run_id, entry.commit_time)
         started = time.time()
         try:
@@ -465,15 +463,13 @@ class Server:
             self.ledger.set_state(entry.key, L.QUEUED, "interrupted by a forced shutdown")
             raise
         except CheckpointError as exc:
-            state = L.DELETED if "deleted before" in str(exc) else L.FAILED
+            state = L.DELETED if isinstance(exc, CheckpointDeleted) else L.FAILED
             self._record_failure(entry.key, entry.step, str(exc), state=state)
             return
         except Exception as exc:  # a bug or an OOM must cost one checkpoint, not the evaluator
             log.exception("evaluating %s failed", entry.key)
             self._record_failure(entry.key, entry.step, f"evaluation raised {exc!r}")
             return
-        finally:
-            self._current_key = None
         commit_time = entry.commit_time or started
         written = time.time()
         counts = self.ledger.counts()

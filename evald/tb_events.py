@@ -15,7 +15,6 @@ another's.
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from pathlib import Path
 from typing import Mapping
@@ -74,7 +73,3 @@ def steps_on_disk(logdir: Path, tag: str) -> dict[int, dict[str, float]]:
         except Exception:  # a torn tail: what was read before it stands
             continue
     return found
-
-
-def hostname() -> str:
-    return socket.gethostname()

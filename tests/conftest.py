@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.harness import Proc, base_env  # noqa: E402
+from tests.harness import Proc  # noqa: E402
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from evald.contracts import layout
-from tests.harness import committed_steps, start_evald, start_trainer, wait_for
+from tests.harness import committed_steps, start_evald, start_trainer
 
 
 def ledger_state(ckpt, key):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.harness import (committed_steps, raw_scalar_steps, scalar_points, start_evald,
-                           start_trainer, text_events, wait_for)
+                           start_trainer, text_events)
 
 
 def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):

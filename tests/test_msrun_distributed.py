@@ -133,7 +133,7 @@ def _run(work: Path) -> None:
     finally:
         pub.close()
     wall = time.monotonic() - t0
-    text = out.decode(errors="replace")
+
     assert proc.returncode == 0, f"msrun exited {proc.returncode}\n{_tail(out)}\n{_worker_logs(log_dir)}"
 
     results = []

@@ -3,7 +3,6 @@ it never waits for a write, never raises into the loop, and copies (not views) t
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
