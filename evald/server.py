@@ -530,6 +530,8 @@ class Server:
         advice = self.advisor.observe(step, value, trend) if self.config.lr_advice else None
         if advice:
             log.warning("learning-rate advice at step %d: %s", step, advice["reason"])
+            if self.event_log is not None and not replay:
+                self.event_log.write(step, time.time(), None, {"evald/lr_advice": json.dumps(advice)})
         if verdict.stop and not self._stop_published_for_current_run():
             stop_at = max(self._latest_train_step, step) + self._stop_margin()
             log.warning("early stop: %s -> training stops at step %d", verdict.reason, stop_at)

@@ -4,6 +4,8 @@ it never waits for a write, never raises into the loop, and copies (not views) t
 from __future__ import annotations
 
 
+import time
+
 import numpy as np
 import pytest
 
@@ -127,3 +129,67 @@ def test_callback_without_network_snapshots_weights_that_fit_the_bare_network(tm
     bare = model.build_model(seq_len=16, d_model=32)
     expected = {name: (tuple(p.shape), str(p.dtype)) for name, p in bare.parameters_and_names()}
     assert set(match_names(weights, expected, strict=True)) == set(expected)  # no optimizer state
+
+
+def test_cleanup_keeps_the_newest_and_never_the_best(tmp_path, hook_env):
+    net = nn.Dense(2, 2)
+    ckpt = tmp_path / "ckpt"
+    hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2)
+    hook.step_end(1)
+    hook.writer.close()
+    layout.write_best_pointer(ckpt, 1, "eval/loss", 0.5)  # as evald does when step 1 is best
+    hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2)
+    for step in range(2, 6):
+        hook.step_end(step)
+        _wait_idle(hook)  # one write at a time: a snapshot due while writing would be skipped
+    hook.writer.close(timeout_s=30)
+    assert [s for s, _ in layout.list_committed(ckpt)] == [1, 4, 5]
+
+
+def _wait_idle(hook):
+    deadline = time.time() + 30
+    while hook.writer.busy and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def test_learning_rate_advice_is_applied_once_and_only_to_a_fixed_rate():
+    from trainer_hooks import ScaleLearningRate
+
+    net = nn.Dense(2, 2)
+    optimizer = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3)
+    apply = ScaleLearningRate(optimizer, min_lr=3e-4)
+    apply({"id": 1, "kind": "overfitting", "scale": 0.5, "reason": "test"})
+    assert float(optimizer.learning_rate.asnumpy()) == pytest.approx(5e-4)
+    apply({"id": 2, "kind": "overfitting", "scale": 0.5, "reason": "test"})
+    assert float(optimizer.learning_rate.asnumpy()) == pytest.approx(3e-4)  # clipped at min_lr
+    schedule = nn.CosineDecayLR(1e-5, 1e-3, 100)
+    scheduled = nn.AdamWeightDecay(nn.Dense(2, 2).trainable_params(), learning_rate=schedule)
+    ScaleLearningRate(scheduled)({"id": 1, "scale": 0.5})  # logged, not applied, no error
+
+
+def test_telemetry_reaches_a_real_socket_with_loss_scale_and_overflow(tmp_path, hook_env):
+    import zmq
+
+    from evald.contracts import wire
+
+    endpoint = f"ipc://{tmp_path}/n.sock"
+    pull = zmq.Context.instance().socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.bind(endpoint)
+    hook = EvaldHook(tmp_path / "ckpt", every_n_steps=100, endpoint=endpoint, telemetry_every=2,
+                     total_steps=10)
+    for step in (1, 2):
+        hook.step_end(step, loss=ms.Tensor(2.5), grad_norm=np.float32(0.7), loss_scale=ms.Tensor(1024.0),
+                      overflow=ms.Tensor(step == 2), lr=1e-3, samples=8, tokens=512)
+    messages = []
+    while pull.poll(5000):
+        messages.append(wire.decode(pull.recv()))
+        if isinstance(messages[-1], wire.TrainMetrics):
+            break
+    hook.train_end(2)
+    pull.close()
+    [metrics] = [m for m in messages if isinstance(m, wire.TrainMetrics)]
+    first, second = (r["scalars"] for r in metrics.records)
+    assert first == {"loss": 2.5, "grad_norm": pytest.approx(0.7), "loss_scale": 1024.0, "overflow": 0.0,
+                     "learning_rate": 1e-3}
+    assert second["overflow"] == 1.0 and second["tokens_per_s"] > 0 and second["eta_s"] >= 0
