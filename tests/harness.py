@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -107,6 +108,11 @@ def raw_scalar_steps(logdir: Path, tag: str) -> list[int]:
             if any(v.tag == tag for v in event.summary.value):
                 steps.append(event.step)
     return sorted(steps)
+
+
+def hook_stats(trainer_output: str) -> dict:
+    """The trainer hook's counters, as examples/tiny_lm/train.py prints them (one JSON line)."""
+    return json.loads(trainer_output.split("evald hook:", 1)[1].splitlines()[0])
 
 
 def committed_steps(ckpt_dir: Path) -> list[int]:

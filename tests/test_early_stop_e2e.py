@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from evald.contracts import layout
-from tests.harness import committed_steps, start_evald, start_trainer
+from tests.harness import committed_steps, hook_stats, start_evald, start_trainer
 
 
 def ledger_state(ckpt, key):
@@ -87,6 +87,6 @@ def test_stop_for_an_earlier_run_is_ignored(tmp_path, endpoints, procs):
     assert second.wait(300) == 0
     assert "evald asked to stop training" not in second.output()
     assert committed_steps(tmp_path / "b") == [30, 60]
-    stats = json.loads(second.output().split("evald hook:", 1)[1].splitlines()[0].replace("'", '"'))
+    stats = hook_stats(second.output())
     assert stats["control_messages_ignored"] > 0  # run-a's stop did arrive, and was ignored
     assert "ignored run_announced for" in evald.output()

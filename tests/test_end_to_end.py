@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tests.harness import (committed_steps, raw_scalar_steps, scalar_points, start_evald,
+from tests.harness import (committed_steps, hook_stats, raw_scalar_steps, scalar_points, start_evald,
                            start_trainer, text_events)
 
 
@@ -111,7 +111,7 @@ def test_training_without_evald_finishes_normally(tmp_path, endpoints, procs):
     assert trainer.wait(300) == 0, trainer.output()[-3000:]
     output = trainer.output()
     assert "Traceback" not in output and " ERROR " not in output
-    stats = json.loads(output.split("evald hook:", 1)[1].splitlines()[0].strip().replace("'", '"'))
+    stats = hook_stats(output)
     assert stats["hook_errors"] == 0 and stats["snapshots_skipped_busy"] == 0
     assert stats["snapshots_written"] == 4
     assert committed_steps(ckpt) == [10, 20, 30, 40]

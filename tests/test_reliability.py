@@ -22,8 +22,8 @@ import pytest
 from evald import mounts
 from evald.contracts import layout
 from tests import faults
-from tests.harness import (Proc, base_env, committed_steps, raw_scalar_steps, scalar_points, start_trainer,
-                           wait_for, PYTHON)
+from tests.harness import (Proc, base_env, committed_steps, hook_stats, raw_scalar_steps, scalar_points,
+                           start_trainer, wait_for, PYTHON)
 
 EVALD_TAGS = ("evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total",
               "evald/failed_total")
@@ -444,7 +444,7 @@ def test_model_train_without_evald_then_evald_catches_up(tmp_path, endpoints, pr
     assert trainer.wait(300) == 0, trainer.output()[-3000:]
     output = trainer.output()
     assert "Traceback" not in output and " ERROR " not in output
-    stats = json.loads(output.split("evald hook:", 1)[1].splitlines()[0].strip().replace("'", '"'))
+    stats = hook_stats(output)
     assert stats["hook_errors"] == 0 and stats["snapshots_failed"] == 0
     assert stats["snapshots_written"] == 4 and stats["snapshots_skipped_busy"] == 0
     # it did try to talk to evald (announcement, 4 commits, telemetry, run finished): none of it blocked

@@ -11,6 +11,7 @@ so ``evald`` needs no model flags.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         callbacks.append(_LossPrinter(every=max(1, args.steps // 10)))
         Model(train_step).train(1, dataset, callbacks=callbacks, dataset_sink_mode=False)
         if callbacks and isinstance(callbacks[0], EvaldCallback):
-            print("evald hook:", callbacks[0].hook.stats(), flush=True)
+            print("evald hook:", json.dumps(callbacks[0].hook.stats()), flush=True)
     else:
         hook = None if args.no_evald else EvaldHook(args.ckpt_dir, args.every, **hook_kwargs)
         step = 0
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
         if hook is not None:
             hook.train_end(step)
-            print("evald hook:", hook.stats(), flush=True)
+            print("evald hook:", json.dumps(hook.stats()), flush=True)
     print(f"training finished in {time.time() - started:.1f}s", flush=True)
     return 0
 
