@@ -1,94 +1,102 @@
-"""``evald`` command line: every EvaldConfig field is an option, shown with its default."""
+"""The ``evald`` command: serve a run (the default), or one of the subcommands below.
+
+    evald [OPTIONS]              evaluate a run's checkpoints as they appear (evald --help)
+    evald subset [...]           print the indices of the fixed validation subset
+    evald --version
+
+Every run option is generated from evald/config/options.py; values are collected as
+typed and validated once, with the same rules as TOML and the environment (exit 2).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from typing import Sequence
 
-from evald.config import EvaldConfig, build_config, default_of, option_fields
+from evald import __version__
+from evald.config import (ConfigError, ResolvedConfig, command_line_layer, default_of, environment_layer, flag_of,
+                          option_fields, resolve, toml_layer)
+from evald.config.schema import parse_cpus
 
-_PARSERS = {"int": int, "float": float, "str": str}
-
-
-def _value_parser(type_name: str):
-    base = type_name.replace(" | None", "").strip()
-    if base == "dict":
-        return lambda text: _json_object(text)
-    return _PARSERS.get(base, str)
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("expected a JSON object such as '{\"seq_len\": 64}'")
-    return value
+SUBCOMMANDS = ("subset",)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="evald",
-        description="Asynchronous out-of-process evaluator for MindSpore training. Run it beside "
-                    "the training job on a device no training rank uses: `evald --device 7`.",
+        description="Asynchronous out-of-process evaluator for MindSpore training. Run it beside the training "
+                    "job on a device no training rank uses: `evald --device 7`. Other commands: "
+                    "`evald subset --help`.",
         epilog="Precedence: command line > environment variable > --config TOML > the trainer's run "
-               "announcement > built-in default. See docs/configuration.md.",
-    )
-    parser.add_argument("--config", metavar="TOML", default=None,
-                        help="TOML file with any of these options (default: none)")
+               "announcement > default. Every option is also a TOML key of the same name (underscores); "
+               "table options are TOML tables. See docs/configuration.md.")
+    parser.add_argument("--version", action="version", version=f"evald {__version__}")
+    parser.add_argument("--config", metavar="TOML", default=None, help="TOML file with any of these options")
     for f in option_fields():
-        flag = "--" + f.name.replace("_", "-")
-        default = default_of(f)
-        env = f.metadata.get("env")
-        shown = json.dumps(default) if isinstance(default, (dict, tuple)) else default
-        text = f"{f.metadata['help']} (default: {shown}" + (f"; env {env})" if env else ")")
-        if f.type == "bool":
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
-                                help=text)
-        elif f.type == "tuple":
-            parser.add_argument("--metric-plugin", dest=f.name, action="append", default=None,
-                                metavar="MODULE:CLASS", help=text)
-        else:
-            parser.add_argument(flag, dest=f.name, type=_value_parser(str(f.type)), default=None,
-                                choices=f.metadata.get("choices"), help=text)
+        parser.add_argument(*_flags(f), dest=f.name, default=None, help=help_text(f), **_how(f))
     return parser
 
 
-def parse_config(argv: Sequence[str] | None = None) -> EvaldConfig:
-    parser = build_parser()
-    args = vars(parser.parse_args(argv))
+def _flags(f) -> list[str]:
+    return ["--metric-plugin"] if f.name == "metric_plugins" else [flag_of(f)]
+
+
+def _how(f) -> dict:
+    kind = f.metadata["kind"]
+    if kind == "bool":
+        return {"action": argparse.BooleanOptionalAction}
+    if kind == "plugins":
+        return {"action": "append", "metavar": "MODULE:CLASS"}
+    if kind == "table":  # repeatable: --tuning '{"watch": "polling"}' --tuning '{"rescan_interval_s": 1}'
+        return {"action": "append", "metavar": "JSON"}
+    return {"metavar": {"table": "JSON", "object": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}
+
+
+def help_text(f) -> str:
+    """The option's help with its default, environment variable and, for tables, every key."""
+    default = default_of(f)
+    if f.metadata["kind"] == "table":
+        keys = ", ".join(f"{sub.name}={default_of(sub)!r}" for sub in f.metadata["table"].__dataclass_fields__.values())
+        shown = "{" + keys + "}"
+    elif f.metadata["kind"] == "choice":
+        shown = f"{default}; one of {', '.join(f.metadata['choices'])}"
+    else:
+        shown = json.dumps(default) if isinstance(default, (dict, tuple)) else str(default)
+    env = f.metadata.get("env")
+    return f"{f.metadata['help']} (default: {shown}" + (f"; env {env})" if env else ")")
+
+
+def parse_config(argv: Sequence[str], environ: dict | None = None) -> ResolvedConfig:
+    """Command line, environment and TOML, validated; raises ConfigError."""
+    args = vars(build_parser().parse_args(list(argv)))
     toml_path = args.pop("config")
-    if args.get("metric_plugins") is not None:
-        args["metric_plugins"] = tuple(args["metric_plugins"])
-    try:
-        return build_config(toml_path, args)
-    except (ValueError, TypeError, OSError) as exc:
-        parser.error(str(exc))
-        raise  # unreachable: parser.error exits
+    layers = [toml_layer(toml_path)] if toml_path else []
+    layers += [environment_layer(environ), command_line_layer(args)]
+    return resolve(layers)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config = parse_config(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        from evald import commands
+
+        return commands.run(argv[0], argv[1:])
+    try:
+        resolved = parse_config(argv)
+    except ConfigError as exc:
+        print(f"evald: error: {exc}", file=sys.stderr)
+        return 2
+    config = resolved.config
     if config.cpu_affinity:
-        os.sched_setaffinity(0, _cpu_set(config.cpu_affinity))  # before mindspore's threads exist
+        os.sched_setaffinity(0, parse_cpus(config.cpu_affinity))  # before mindspore starts its threads
+    logging.basicConfig(level=getattr(logging, config.log_level), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from evald.server import Server
 
-    return Server(config).run()
-
-
-def _cpu_set(text: str) -> set[int]:
-    cores: set[int] = set()
-    for part in text.split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            cores.update(range(int(lo), int(hi) + 1))
-        elif part.strip():
-            cores.add(int(part))
-    return cores
+    return Server(resolved).serve()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Regenerate the options table at the end of docs/configuration.md from evald/config.py.
+"""Regenerate the options table at the end of docs/configuration.md from evald/config/options.py.
 
     .venv/bin/python scripts/gen_config_docs.py
 """
@@ -7,27 +7,48 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evald.config import default_of, option_fields  # noqa: E402
+from evald.config import default_of, flag_of, option_fields  # noqa: E402
 
 MARKER = "## Options\n"
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _default(f) -> str:
+    kind = f.metadata["kind"]
+    if kind == "table":
+        return "see below"
+    if kind == "device":
+        return "`0`"
+    if kind == "endpoint":
+        return "`ipc:///tmp/evald-<uid>/" + ("notify.sock" if f.name == "endpoint" else "control.sock") + "`"
+    value = default_of(f)
+    return f"`{json.dumps(value) if kind == 'plugins' else value}`"
+
+
 def table() -> str:
     rows = ["| option | environment | default | meaning |", "|---|---|---|---|"]
+    tables = []
     for f in option_fields():
-        flag = "--metric-plugin" if f.name == "metric_plugins" else "--" + f.name.replace("_", "-")
-        default = default_of(f)
-        if f.name in ("endpoint", "control_endpoint"):
-            default = "ipc:///tmp/evald-<uid>/" + ("notify.sock" if f.name == "endpoint" else "control.sock")
-        shown = json.dumps(default) if isinstance(default, (dict, tuple)) else default
+        flag = "--metric-plugin" if f.name == "metric_plugins" else flag_of(f)
         env = f.metadata.get("env")
-        rows.append(f"| `{flag}` | {f'`{env}`' if env else ''} | `{shown}` | {f.metadata['help']} |")
-    return "\n".join(rows) + "\n"
+        rows.append(f"| `{flag}` | {f'`{env}`' if env else ''} | {_default(f)} | {_cell(f.metadata['help'])} |")
+        if f.metadata["kind"] == "table":
+            tables.append(f)
+    out = "\n".join(rows) + "\n"
+    for f in tables:
+        out += f"\n### `[{f.name}]` (`{flag_of(f)} JSON`)\n\n| key | default | meaning |\n|---|---|---|\n"
+        for sub in fields(f.metadata["table"]):
+            out += f"| `{sub.name}` | `{default_of(sub)}` | {_cell(sub.metadata['help'])} |\n"
+    return out
 
 
 def main() -> None:

@@ -1,0 +1,131 @@
+"""Every evald option, defined once: ``evald --help``, the TOML keys, the environment
+variables and the table in docs/configuration.md are all generated from these fields.
+
+Top-level fields are flags (``--subset-size``) and top-level TOML keys; a field of kind
+``table`` is a TOML table (``[generation]``) and a JSON object on the command line
+(``--generation '{"prompts": 0}'``), each of its keys validated like an option.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from evald.config.schema import DeviceSpec, opt
+from evald.health_thresholds import HealthThresholds
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    prompts: int = opt(4, "prompts (from the subset) continued at each evaluation; 0 turns generation off",
+                       kind="int", min=0, max=256)
+    prompt_len: int = opt(32, "prompt length in tokens", kind="int", min=1, max=65536)
+    new_tokens: int = opt(32, "tokens generated per prompt", kind="int", min=1, max=4096)
+    top_k: int = opt(8, "top-k of the sampled continuation", kind="int", min=1)
+    top_p: float = opt(0.95, "top-p of the sampled continuation", kind="float", min=0.0, max=1.0,
+                       min_exclusive=True)
+    seed: int = opt(7, "seed of the sampled continuation (the same every evaluation)", kind="int", min=0)
+
+
+@dataclass(frozen=True)
+class TuningOptions:
+    watch: str = opt("auto", "auto, inotify or polling; auto polls on NFS/CIFS/Lustre/GPFS/FUSE",
+                     kind="choice", choices=("auto", "inotify", "polling"))
+    polling_interval_s: float = opt(1.0, "seconds between polls of the polling observer", kind="float",
+                                    min=0.01, max=3600)
+    rescan_interval_s: float = opt(30.0, "seconds between full rescans of the checkpoint directory (finds "
+                                   "what events missed)", kind="float", min=0.05, max=86400)
+    foreign_settle_s: float = opt(2.0, "a foreign file must keep its size and mtime this long before it "
+                                  "is read", kind="float", min=0.0, max=3600)
+    max_attempts: int = opt(3, "evaluations of one checkpoint that may be interrupted (crash, kill, "
+                            "unexpected error) before it is marked failed", kind="int", min=1, max=1000000)
+
+
+@dataclass(frozen=True)
+class EvaldConfig:
+    # --- where to run, where to look, how to reach the trainer
+    device: DeviceSpec = opt(None, "device to evaluate on: ID, TARGET:ID (TARGET Ascend, GPU or CPU) or a "
+                             "list of IDs; pick one no training rank uses", kind="device",
+                             factory=lambda: DeviceSpec("auto", (0,)))
+    ckpt_dir: str | None = opt(None, "checkpoint directory to evaluate; default: the directory the trainer "
+                               "announces first", kind="path", env="EVALD_CKPT_DIR")
+    logdir: str | None = opt(None, "TensorBoard events, ledger and summary; default: CKPT_DIR/evald",
+                             kind="path", env="EVALD_LOGDIR")
+    endpoint: str | None = opt(None, "ZeroMQ endpoint evald binds for notifications (PULL), or none: no "
+                               "sockets at all (no control channel either), only the directory is watched; "
+                               "default: ipc in $EVALD_SOCKET_DIR", kind="endpoint",
+                               env="EVALD_ENDPOINT")
+    control_endpoint: str | None = opt(None, "ZeroMQ endpoint evald binds for its control state (PUB); "
+                                       "default: beside --endpoint", kind="endpoint", env="EVALD_CONTROL_ENDPOINT")
+    app_dir: str | None = opt(None, "directory put first on sys.path before importing the factories",
+                              kind="path", env="EVALD_APP_DIR")
+    cpu_affinity: str | None = opt(None, "pin evald to these CPU cores, e.g. 1 or 2-3 (set before mindspore "
+                                   "starts)", kind="cpus")
+    # --- what to evaluate
+    task: str | None = opt(None, "lm or classification; default: the trainer's announcement, else lm",
+                           kind="choice", choices=("lm", "classification"))
+    model_factory: str | None = opt(None, "module:function returning the network; default: the trainer's "
+                                    "announcement", kind="factory")
+    model_kwargs: dict | None = opt(None, "keyword arguments of the model factory (JSON object / TOML table)",
+                                    kind="object")
+    data_factory: str | None = opt(None, "module:function returning the validation set; default: the "
+                                   "trainer's announcement", kind="factory")
+    data_kwargs: dict | None = opt(None, "keyword arguments of the data factory (JSON object / TOML table)",
+                                   kind="object")
+    subset_size: int = opt(256, "validation samples per evaluation: a seeded, fixed subset", kind="int", min=1)
+    subset_seed: int = opt(1234, "seed that picks the subset (the same samples for every checkpoint)",
+                           kind="int", min=0)
+    batch_size: int = opt(32, "evaluation batch size; every batch has this shape, so nothing recompiles",
+                          kind="int", min=1, max=1 << 20)
+    generation: GenerationOptions = opt(None, "sample-quality generation for language models ([generation] "
+                                        "table)", kind="table", table=GenerationOptions, factory=GenerationOptions)
+    metric_plugins: tuple = opt(None, "extra mindspore.train.Metric classes, 'module:Class' "
+                                "([[metric_plugins]] in TOML; repeat --metric-plugin)", kind="plugins",
+                                factory=tuple)
+    # --- when to evaluate, and when to stop serving
+    lag_policy: str = opt("latest", "when checkpoints arrive faster than evaluations: latest, all or every-k",
+                          kind="choice", choices=("latest", "all", "every-k"))
+    every_k: int | None = opt(None, "with --lag-policy every-k: evaluate every k-th checkpoint (default 2)",
+                              kind="int", min=1)
+    foreign_steps_per_epoch: int | None = opt(None, "steps per epoch, to turn ModelCheckpoint names "
+                                              "PREFIX-E_S.ckpt into global steps", kind="int", min=1)
+    serve_forever: bool = opt(False, "keep running after the run has finished", kind="bool")
+    idle_exit_s: float | None = opt(None, "exit after this many seconds with nothing to do: 0 if all is "
+                                    "done, 3 if checkpoints are still waiting (default: never)",
+                                    kind="float", min=0.0, min_exclusive=True)
+    tuning: TuningOptions = opt(None, "directory watching and retries ([tuning] table)", kind="table",
+                                table=TuningOptions, factory=TuningOptions)
+    # --- decisions (docs/early-stopping.md)
+    monitor: str = opt("eval/loss", "metric that early stopping and the best pointer watch", kind="str")
+    mode: str = opt("min", "min or max: which direction of MONITOR is better", kind="choice",
+                    choices=("min", "max"))
+    patience: int | None = opt(None, "evaluations without improvement before stopping; default: never stop",
+                               kind="int", min=1)
+    min_delta: float = opt(0.0, "smallest change of MONITOR that counts as an improvement", kind="float", min=0.0)
+    stopping_threshold: float | None = opt(None, "stop as soon as MONITOR is this good", kind="float")
+    divergence_threshold: float | None = opt(None, "stop as soon as MONITOR is this bad", kind="float")
+    check_finite: bool = opt(True, "stop when MONITOR is nan or inf", kind="bool")
+    stop_margin_steps: int | None = opt(None, "training stops this many steps after the newest step evald "
+                                        "knows of when it decides; default: the trainer's every_n_steps "
+                                        "(it replaces it, it is not added)", kind="int", min=1)
+    health: HealthThresholds = opt(None, "training-health alert thresholds and learning-rate advice ([health] "
+                                   "table); see docs/metrics.md", kind="table", table=HealthThresholds,
+                                   factory=HealthThresholds)
+    # --- logging
+    log_level: str = opt("INFO", "DEBUG, INFO, WARNING or ERROR", kind="choice",
+                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+    @property
+    def zmq(self) -> bool:
+        return self.endpoint != "none"
+
+    @property
+    def effective_every_k(self) -> int:
+        return self.every_k or 2
+
+
+def option_fields() -> list:
+    return list(fields(EvaldConfig))
+
+
+# Fields an announcement (RUN.json or run_announced) may fill when the operator left them unset.
+ANNOUNCED = ("task", "model_factory", "model_kwargs", "data_factory", "data_kwargs", "app_dir")

@@ -1,0 +1,116 @@
+"""Validate and merge every source into one EvaldConfig, remembering where each value came from.
+
+Precedence, strongest first: command line > environment > TOML > the trainer's run
+announcement (only for what it knows, and only what the operator left unset) > defaults.
+Every source goes through ``schema.coerce``, so ``--every-k 0``, ``EVALD_... = 0`` and
+``every_k = 0`` in TOML fail the same way, naming their source. Rules that involve
+several options are checked here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Mapping
+
+from evald.config.options import ANNOUNCED, EvaldConfig, option_fields
+from evald.config.schema import ConfigError, as_object, build_table, coerce
+from evald.config.sources import Layer, app_dir_exists
+
+DEFAULT = "default"
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    config: EvaldConfig
+    sources: Mapping[str, str]  # option name -> where its value came from ("command line --every-k")
+
+    def describe(self) -> list[str]:
+        """One line per option: ``name = value  (source)``, for the start-up log."""
+        return [f"{f.name} = {_show(getattr(self.config, f.name))}  ({self.sources.get(f.name, DEFAULT)})"
+                for f in option_fields()]
+
+    def set_by_operator(self, name: str) -> bool:
+        return self.sources.get(name, DEFAULT) != DEFAULT and not self.sources[name].startswith("run announcement")
+
+
+def resolve(layers: list[Layer]) -> ResolvedConfig:
+    """``layers`` weakest first (TOML, environment, command line)."""
+    by_name = {f.name: f for f in option_fields()}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for layer in layers:
+        for name, raw in layer.values.items():
+            f, key = by_name[name], layer.keys[name]
+            if f.metadata["kind"] == "table" and name in values:
+                # A table from a stronger source updates the weaker one key by key.
+                raw_table = as_object(f, raw, layer.source, key)
+                values[name] = build_table(f.metadata["table"], raw_table, layer.source, key, values[name])
+            else:
+                values[name] = coerce(f, raw, layer.source, key)
+            sources[name] = f"{layer.source} {key}"
+    config = EvaldConfig(**values)
+    _check_combinations(config, sources)
+    if config.app_dir:
+        app_dir_exists(config.app_dir, sources["app_dir"], "")
+    return ResolvedConfig(config, sources)
+
+
+def with_announcement(resolved: ResolvedConfig, announced: Mapping[str, Any], where: str) -> ResolvedConfig:
+    """Fill what the operator left unset from the trainer's announcement, validated like any source.
+
+    ``announced`` holds option values (task, model_factory, model_kwargs, data_factory,
+    data_kwargs, app_dir). An invalid value raises ConfigError naming ``where``.
+    """
+    by_name = {f.name: f for f in option_fields()}
+    changes: dict[str, Any] = {}
+    sources = dict(resolved.sources)
+    operator_set_model = resolved.set_by_operator("model_factory")
+    operator_set_data = resolved.set_by_operator("data_factory")
+    for name, raw in announced.items():
+        if name not in ANNOUNCED:
+            raise AssertionError(f"{name} is not an announced option")
+        if raw is None or resolved.set_by_operator(name):
+            continue
+        # Kwargs belong to their factory: never pair the operator's factory with the trainer's kwargs.
+        if (name == "model_kwargs" and operator_set_model) or (name == "data_kwargs" and operator_set_data):
+            continue
+        changes[name] = coerce(by_name[name], raw, where, key=name)
+        sources[name] = f"{where} {name}"
+    if changes.get("app_dir"):
+        app_dir_exists(changes["app_dir"], where, "search_path")
+    return ResolvedConfig(replace(resolved.config, **changes), sources)
+
+
+def _check_combinations(config: EvaldConfig, sources: Mapping[str, str]) -> None:
+    def error(name: str, problem: str) -> ConfigError:
+        source, _, key = sources.get(name, f"{DEFAULT} {name}").rpartition(" ")
+        return ConfigError(source, key, problem)
+
+    for which in ("model", "data"):
+        if getattr(config, f"{which}_kwargs") is not None and not getattr(config, f"{which}_factory"):
+            raise error(f"{which}_kwargs", f"given without {which}_factory; kwargs are never applied to the "
+                                           f"trainer's announced factory: set --{which}-factory too")
+    if len(config.device.ids) > 1:
+        raise error("device", f"{config.device}: evaluating on several devices is not available in this "
+                              f"version; give one device id")
+    if config.every_k is not None and config.lag_policy != "every-k":
+        raise error("every_k", f"only applies with lag_policy every-k, but lag_policy is {config.lag_policy!r}")
+    if config.serve_forever and config.idle_exit_s is not None:
+        raise error("idle_exit_s", "contradicts serve_forever; choose one")
+    if not config.zmq and not config.ckpt_dir:
+        raise error("endpoint", "is none, so evald cannot learn the checkpoint directory from the trainer: "
+                                "set --ckpt-dir")
+    low, high = config.stopping_threshold, config.divergence_threshold
+    if low is not None and high is not None:
+        wrong = low >= high if config.mode == "min" else low <= high
+        if wrong:
+            raise error("stopping_threshold", f"{low:g} must be {'below' if config.mode == 'min' else 'above'} "
+                                              f"divergence_threshold {high:g} with mode {config.mode}")
+
+
+def _show(value: Any) -> str:
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        inner = ", ".join(f"{f.name}={getattr(value, f.name)!r}" for f in fields(value))
+        return "{" + inner + "}"
+    return repr(value) if isinstance(value, str) else str(value)
+

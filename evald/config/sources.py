@@ -1,0 +1,95 @@
+"""Where option values come from: a TOML file, the environment, the command line.
+
+Each reader returns raw values with the place they came from (``Layer``); none of
+them validates. evald/config/resolve.py validates every layer with the same rules.
+TOML keys are the option names (``subset_size = 64``); table options are TOML
+tables (``[generation]``), and ``[[metric_plugins]]`` is a list of tables.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from evald.config.options import option_fields
+from evald.config.schema import ConfigError, flag_of
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Raw values from one source: ``source`` names it, ``keys[name]`` is how the user spelled each
+    option there (``--every-k``, ``every_k``, ``EVALD_CKPT_DIR``), for errors and the log."""
+
+    source: str
+    values: dict[str, Any]
+    keys: dict[str, str]
+
+
+def toml_layer(path: str | os.PathLike) -> Layer:
+    source = f"TOML file {path}"
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(source, "--config", "no such file") from None
+    except OSError as exc:
+        raise ConfigError(source, "--config", f"cannot be read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(source, "--config", f"is not valid TOML ({exc})") from None
+    known = {f.name for f in option_fields()}
+    values, keys = {}, {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(source, key, "unknown option; `evald --help` lists every option, and each "
+                                           "is a TOML key of the same name")
+        values[name], keys[name] = value, key
+    return Layer(source, values, keys)
+
+
+def environment_layer(environ: Mapping[str, str] | None = None) -> Layer:
+    environ = os.environ if environ is None else environ
+    values, keys = {}, {}
+    for f in option_fields():
+        env = f.metadata.get("env")
+        if env and environ.get(env, "") != "":
+            values[f.name], keys[f.name] = environ[env], env
+    return Layer("environment", values, keys)
+
+
+def command_line_layer(parsed: Mapping[str, Any]) -> Layer:
+    """Values the user typed (argparse leaves the others None)."""
+    values, keys = {}, {}
+    by_name = {f.name: f for f in option_fields()}
+    for name, value in parsed.items():
+        if value is None or name not in by_name:
+            continue
+        if by_name[name].metadata["kind"] == "table":
+            value = _merged_tables(value, flag_of(by_name[name]))
+        values[name] = value
+        keys[name] = "--metric-plugin" if name == "metric_plugins" else flag_of(by_name[name])
+    return Layer("command line", values, keys)
+
+
+def _merged_tables(texts: list[str], flag: str) -> dict:
+    """A table flag given several times: the JSON objects merged key by key, the last one winning."""
+    import json
+
+    merged: dict = {}
+    for text in texts:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError("command line", flag, f"not a JSON object ({exc.msg}): {text!r}") from None
+        if not isinstance(value, dict):
+            raise ConfigError("command line", flag, f"expected a JSON object such as '{{\"key\": 1}}', got {text!r}")
+        merged.update(value)
+    return merged
+
+
+def app_dir_exists(path: str, source: str, key: str = "app_dir") -> None:
+    if not Path(path).is_dir():
+        raise ConfigError(source, key, f"{path} is not a directory")
