@@ -24,14 +24,16 @@ persisted and restored across evald restarts without re-firing open episodes.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RULES", "Alert", "HealthThresholds", "HealthMonitor"]
+from evald.health_thresholds import HealthThresholds
+from evald.trend import better
+
+__all__ = ["RULES", "Alert", "HealthMonitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,52 +45,7 @@ RULES: tuple[str, ...] = (
     "overfitting",
 )
 
-_STATE_VERSION = 1
-
-
-@dataclass
-class HealthThresholds:
-    """Configurable thresholds for the health rules; defaults follow evald's spec."""
-
-    grad_norm_explosion: float = 1e5
-    grad_norm_vanishing: float = 1e-3
-    vanishing_window: int = 20
-    loss_scale_floor: float = 1.0
-    loss_scale_drop_factor: float = 1e-3
-    overfit_window: int = 3
-    eval_mode: str = "min"
-
-    def __post_init__(self) -> None:
-        if self.eval_mode not in ("min", "max"):
-            raise ValueError(
-                f"eval_mode must be 'min' (lower eval metric is better, e.g. loss) or 'max' "
-                f"(higher is better, e.g. accuracy), got {self.eval_mode!r}"
-            )
-        for name in ("vanishing_window", "overfit_window"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if not self.grad_norm_explosion > 0 or not self.grad_norm_vanishing >= 0:
-            raise ValueError(
-                f"grad_norm_explosion must be > 0 and grad_norm_vanishing >= 0, got explosion={self.grad_norm_explosion!r}, "
-                f"vanishing={self.grad_norm_vanishing!r}"
-            )
-        if not self.grad_norm_vanishing < self.grad_norm_explosion:
-            raise ValueError(
-                f"grad_norm_vanishing ({self.grad_norm_vanishing}) must be below grad_norm_explosion "
-                f"({self.grad_norm_explosion})"
-            )
-        if not 0 <= self.loss_scale_drop_factor < 1:
-            raise ValueError(f"loss_scale_drop_factor must be in [0, 1), got {self.loss_scale_drop_factor!r}")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> HealthThresholds:
-        """Build thresholds from a config table, naming any unknown key (typos would otherwise be ignored)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(values) - known
-        if unknown:
-            raise ValueError(f"unknown health threshold(s) {sorted(unknown)}; known thresholds are {sorted(known)}")
-        return cls(**dict(values))
+_STATE_VERSION = 2
 
 
 @dataclass
@@ -112,8 +69,11 @@ def _fmt(x: float) -> str:
 class HealthMonitor:
     """Stateful evaluator of the health rules over a stream of train and eval records."""
 
-    def __init__(self, thresholds: HealthThresholds | None = None) -> None:
+    def __init__(self, thresholds: HealthThresholds | None = None, eval_mode: str = "min") -> None:
+        if eval_mode not in ("min", "max"):
+            raise ValueError(f"eval_mode must be 'min' or 'max', got {eval_mode!r}")
         self.thresholds = thresholds if thresholds is not None else HealthThresholds()
+        self.eval_mode = eval_mode
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -123,9 +83,6 @@ class HealthMonitor:
         self._last_eval: float | None = None
         self._overfit_streak = 0
         self._overfit_start_value: float | None = None
-        self._interval_loss_sum = 0.0
-        self._interval_loss_count = 0
-        self._prev_interval_mean: float | None = None
 
     @property
     def active_rules(self) -> list[str]:
@@ -163,9 +120,6 @@ class HealthMonitor:
                 "restart from the last good checkpoint with a lower learning rate, and check the data and "
                 "any log/div/sqrt in the loss for invalid inputs",
             )
-            if finite:
-                self._interval_loss_sum += loss
-                self._interval_loss_count += 1
 
         if scalars.get("grad_norm") is not None:
             gnorm = float(scalars["grad_norm"])
@@ -211,42 +165,20 @@ class HealthMonitor:
             )
         return alerts
 
-    def _take_train_trend(self) -> float | None:
-        """Mean train loss of this eval interval minus that of the previous one (None if unknown)."""
-        current = (
-            self._interval_loss_sum / self._interval_loss_count if self._interval_loss_count else None
-        )
-        trend = None
-        if current is not None and self._prev_interval_mean is not None:
-            trend = current - self._prev_interval_mean
-        if current is not None:
-            self._prev_interval_mean = current
-        self._interval_loss_sum = 0.0
-        self._interval_loss_count = 0
-        return trend
-
-    def observe_eval(self, step: int, value: float, train_loss_trend: float | None = None) -> list[Alert]:
+    def observe_eval(self, step: int, value: float, train_loss_trend: float | None) -> list[Alert]:
         """Apply the overfitting rule to one evaluation result.
 
-        ``train_loss_trend`` is the change in train loss over the last eval
-        interval (negative = still falling). When None, the monitor derives it
-        itself: the mean of the finite train losses seen by :meth:`observe_train`
-        since the previous evaluation, minus the same mean for the interval
-        before that. Using eval intervals (not a fixed number of records) keeps
-        the trend meaningful whatever the trainer's logging frequency. An
-        unknown trend counts as "not falling".
+        ``train_loss_trend`` is evald.trend.TrainLossTrend's change in train loss over the
+        last eval interval (negative = still falling); None (unknown) counts as not falling.
         """
         t = self.thresholds
-        derived = self._take_train_trend()
-        trend = derived if train_loss_trend is None else float(train_loss_trend)
+        trend = train_loss_trend
         value = float(value)
         if not math.isfinite(value):
             self._overfit_streak = 0
             return self._episode("overfitting", False, step, "")
 
-        worse = self._last_eval is not None and (
-            value > self._last_eval if t.eval_mode == "min" else value < self._last_eval
-        )
+        worse = self._last_eval is not None and better(self._last_eval, value, self.eval_mode)
         falling = trend is not None and math.isfinite(trend) and trend < 0
         if worse and falling:
             if self._overfit_streak == 0:
@@ -257,13 +189,13 @@ class HealthMonitor:
             self._overfit_start_value = None
         self._last_eval = value
 
-        direction = "rose" if t.eval_mode == "min" else "fell"
+        direction = "rose" if self.eval_mode == "min" else "fell"
         start = self._overfit_start_value
         return self._episode(
             "overfitting", self._overfit_streak >= t.overfit_window, step,
             f"eval metric {direction} from {_fmt(start if start is not None else value)} to {_fmt(value)} over "
             f"{self._overfit_streak} consecutive evaluations (threshold {t.overfit_window}, eval_mode "
-            f"'{t.eval_mode}') while train loss kept falling (trend {_fmt(trend if trend is not None else 0.0)} "
+            f"'{self.eval_mode}') while train loss kept falling (trend {_fmt(trend if trend is not None else 0.0)} "
             "per eval interval); keep the best checkpoint and consider stopping early, adding regularisation "
             "(dropout, weight decay) or more data",
         )
@@ -278,9 +210,6 @@ class HealthMonitor:
             "last_eval": self._last_eval,
             "overfit_streak": self._overfit_streak,
             "overfit_start_value": self._overfit_start_value,
-            "interval_loss_sum": self._interval_loss_sum,
-            "interval_loss_count": self._interval_loss_count,
-            "prev_interval_mean": self._prev_interval_mean,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -308,7 +237,3 @@ class HealthMonitor:
         self._overfit_streak = int(state["overfit_streak"])
         start = state["overfit_start_value"]
         self._overfit_start_value = None if start is None else float(start)
-        self._interval_loss_sum = float(state["interval_loss_sum"])
-        self._interval_loss_count = int(state["interval_loss_count"])
-        prev = state["prev_interval_mean"]
-        self._prev_interval_mean = None if prev is None else float(prev)

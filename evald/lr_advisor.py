@@ -1,25 +1,28 @@
 """Learning-rate advice from the seed article's rules (section 2.4).
 
-* the eval metric stalls while the train loss still falls -> overfitting:
-  lower the learning rate or start the decay early (advice: scale 0.5);
+* the eval metric stalls while the train loss still falls -> overfitting: lower the
+  learning rate or start the decay early (advice: scale 0.5);
 * both stall -> plateau: raise the learning rate or reset the optimizer state
   (advice: scale 2.0).
-"Stalls" means no improvement of the eval metric for ``window`` evaluations;
-the train loss "falls" when the mean of the train losses since the previous
-evaluation is below the mean of the interval before it. Each piece of advice
-is given once per episode and has an increasing id, so a trainer that applies
-it (opt-in) applies it once.
+"Stalls" means no improvement of the eval metric for ``window`` evaluations; the
+train loss "falls" when evald.trend.TrainLossTrend is negative. Each piece of advice
+is given once per episode and has an increasing id, so a trainer that applies it
+(opt-in) applies it once.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from evald.trend import better
+
 
 class LRAdvisor:
     def __init__(self, *, mode: str = "min", window: int = 3, min_delta: float = 0.0) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window!r}")
         self.mode = mode
-        self.window = max(1, window)
+        self.window = window
         self.min_delta = min_delta
         self.best: float | None = None
         self.stalled = 0
@@ -28,9 +31,7 @@ class LRAdvisor:
 
     def observe(self, step: int, eval_value: float, train_loss_trend: float | None) -> dict[str, Any] | None:
         """Advice dict when a new episode starts, else None. ``train_loss_trend`` < 0 means falling."""
-        better = self.best is None or (eval_value < self.best - self.min_delta if self.mode == "min"
-                                       else eval_value > self.best + self.min_delta)
-        if better:
+        if better(eval_value, self.best, self.mode, self.min_delta):
             self.best, self.stalled, self.active = eval_value, 0, None
             return None
         self.stalled += 1
@@ -55,5 +56,6 @@ class LRAdvisor:
         return {"best": self.best, "stalled": self.stalled, "active": self.active, "next_id": self.next_id}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
+        for key in ("best", "stalled", "active", "next_id"):
+            if key in state:
+                setattr(self, key, state[key])

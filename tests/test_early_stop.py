@@ -35,11 +35,6 @@ def test_thresholds_and_non_finite():
     assert not run(EarlyStopPolicy(check_finite=False), [3.0, math.nan])[1].stop
 
 
-def test_baseline():
-    verdicts = run(EarlyStopPolicy(baseline=2.0, patience=2), [3.0, 2.9])
-    assert [v.stop for v in verdicts] == [False, True] and "baseline" in verdicts[1].reason
-
-
 def test_state_survives_a_restart_and_old_steps_are_ignored():
     first = EarlyStopPolicy(patience=3)
     run(first, [2.0, 2.1, 2.2])  # wait = 2 after step 30
@@ -50,6 +45,10 @@ def test_state_survives_a_restart_and_old_steps_are_ignored():
     assert verdict.stop and second.wait == 3
 
 
-def test_invalid_mode():
+def test_bad_arguments_are_rejected_in_init():
     with pytest.raises(ValueError, match="mode"):
         EarlyStopPolicy(mode="up")
+    with pytest.raises(ValueError, match="patience"):
+        EarlyStopPolicy(patience=0)
+    with pytest.raises(ValueError, match="min_delta"):
+        EarlyStopPolicy(min_delta=-1.0)

@@ -6,7 +6,41 @@ import math
 
 import pytest
 
-from evald.health import RULES, Alert, HealthMonitor, HealthThresholds
+from evald.config import ConfigError
+from evald.config.options import EvaldConfig
+from evald.config.schema import build_table
+from evald.health import RULES, Alert
+from evald.health import HealthMonitor as _Rules
+from evald.health_thresholds import HealthThresholds
+from evald.trend import TrainLossTrend
+
+
+class HealthMonitor:
+    """The rules driven as evald drives them: the train-loss trend from evald.trend between evaluations."""
+
+    def __init__(self, thresholds=None, eval_mode="min"):
+        self.rules = _Rules(thresholds, eval_mode=eval_mode)
+        self.trend = TrainLossTrend()
+
+    def observe_train(self, step, scalars):
+        if scalars.get("loss") is not None:
+            self.trend.add(scalars["loss"])
+        return self.rules.observe_train(step, scalars)
+
+    def observe_eval(self, step, value, train_loss_trend=None):
+        derived = self.trend.take()
+        return self.rules.observe_eval(step, value, derived if train_loss_trend is None else train_loss_trend)
+
+    @property
+    def active_rules(self):
+        return self.rules.active_rules
+
+    def state_dict(self):
+        return {"rules": self.rules.state_dict(), "trend": self.trend.state_dict()}
+
+    def load_state_dict(self, state):
+        self.rules.load_state_dict(state["rules"])
+        self.trend.load_state_dict(state["trend"])
 
 
 def _rules(alerts):
@@ -35,7 +69,7 @@ def test_healthy_trace_is_quiet(caplog):
 
 
 def test_healthy_trace_quiet_with_max_mode_metric():
-    monitor = HealthMonitor(HealthThresholds(eval_mode="max"))
+    monitor = HealthMonitor(eval_mode="max")
     alerts = []
     for step in range(1, 301):
         alerts += monitor.observe_train(step, {"loss": 3.0 - step / 200, "grad_norm": 1.0})
@@ -136,7 +170,7 @@ def test_eval_worsening_without_falling_train_loss_is_not_overfitting():
 
 
 def test_overfitting_with_explicit_trend_and_max_mode():
-    m = HealthMonitor(HealthThresholds(eval_mode="max", overfit_window=2))
+    m = HealthMonitor(HealthThresholds(overfit_window=2), eval_mode="max")
     alerts = []
     for step, (acc, trend) in enumerate([(0.8, -0.1), (0.7, -0.1), (0.6, -0.1), (0.5, -0.1)]):
         alerts += m.observe_eval(step, acc, train_loss_trend=trend)
@@ -176,19 +210,24 @@ def test_state_dict_round_trip_preserves_episodes():
 
 def test_load_state_dict_rejects_foreign_state():
     with pytest.raises(ValueError, match="version"):
-        HealthMonitor().load_state_dict({"version": 99})
+        _Rules().load_state_dict({"version": 99})
     with pytest.raises(ValueError, match="missing keys"):
-        HealthMonitor().load_state_dict({"version": 1})
+        _Rules().load_state_dict({"version": 2})
 
 
-def test_thresholds_validation_and_from_mapping():
-    assert HealthThresholds.from_mapping({"grad_norm_explosion": 1e3}).grad_norm_explosion == 1e3
-    with pytest.raises(ValueError, match="unknown health threshold"):
-        HealthThresholds.from_mapping({"grad_norm_explosoin": 1e3})
+def test_thresholds_are_validated_like_every_option():
+    field = EvaldConfig.__dataclass_fields__["health"]
+    table = build_table(HealthThresholds, {"grad_norm_explosion": 1e3}, "TOML file x.toml", "health")
+    assert table.grad_norm_explosion == 1e3
+    with pytest.raises(ConfigError, match="unknown key"):
+        build_table(HealthThresholds, {"grad_norm_explosoin": 1e3}, "TOML file x.toml", "health")
+    with pytest.raises(ConfigError, match="vanishing_window: must be >= 1"):
+        build_table(HealthThresholds, {"vanishing_window": 0}, "command line", "--health")
+    with pytest.raises(ConfigError, match="must be below grad_norm_explosion"):
+        build_table(HealthThresholds, {"grad_norm_vanishing": 10, "grad_norm_explosion": 1}, "env", "health")
     with pytest.raises(ValueError, match="eval_mode"):
-        HealthThresholds(eval_mode="lower")
-    with pytest.raises(ValueError, match="vanishing_window"):
-        HealthThresholds(vanishing_window=0)
+        _Rules(eval_mode="lower")
+    assert field.metadata["table"] is HealthThresholds
 
 
 def test_rule_names():

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from evald.lag_policy import admit, decide
 from evald.lr_advisor import LRAdvisor
-from evald.train_trend import TrainLossTrend
+from evald.trend import TrainLossTrend, better
 
 
 def test_all_is_fifo_and_latest_skips_older_with_reasons():
-    queued = [("c", 30), ("a", 10), ("b", 20)]
-    assert decide("all", queued) .evaluate == "a" and decide("all", queued).skip == ()
+    queued = [30, 10, 20]
+    assert decide("all", queued).evaluate == 10 and decide("all", queued).skip == ()
     latest = decide("latest", queued)
-    assert latest.evaluate == "c"
-    assert [k for k, _ in latest.skip] == ["a", "b"] and "superseded by step 30" in latest.skip[0][1]
+    assert latest.evaluate == 30
+    assert [k for k, _ in latest.skip] == [10, 20] and "superseded by step 30" in latest.skip[0][1]
 
 
 def test_latest_never_skips_the_final_checkpoint():
-    assert [k for k, _ in decide("latest", [("a", 10), ("b", 20), ("c", 30)], final_step=20).skip] == ["a"]
+    assert [k for k, _ in decide("latest", [10, 20, 30], final_step=20).skip] == [10]
 
 
 def test_every_k_admits_every_kth_and_the_final_one():
@@ -46,3 +46,19 @@ def test_train_loss_trend():
     for loss in (2.5, 2.3, float("nan")):
         trend.add(loss)
     assert trend.take() < 0
+
+
+def test_better_is_the_one_min_max_rule():
+    assert better(1.0, None, "min") and better(1.0, 2.0, "min") and not better(2.0, 1.0, "min")
+    assert better(2.0, 1.0, "max") and not better(1.05, 1.0, "max", delta=0.1)
+    assert not better(1.0, 1.0, "min") and not better(0.95, 1.0, "min", delta=0.1)
+
+
+def test_train_loss_trend_survives_a_restart():
+    trend = TrainLossTrend()
+    trend.add(3.0)
+    assert trend.take() is None
+    trend.add(2.0)
+    restored = TrainLossTrend()
+    restored.load_state_dict(trend.state_dict())
+    assert restored.take() == trend.take() == -1.0
