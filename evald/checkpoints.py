@@ -1,35 +1,34 @@
-"""What counts as a checkpoint in the watched directory, and how its weights are read.
+"""What an entry of the checkpoint directory is: a checkpoint of some step, or not.
 
-Two kinds:
+Two kinds of checkpoint:
 
 * ``evald``: a committed ``step_<N>/`` directory of the layout contract
-  (evald.contracts.layout). Its weights are verified (size, sha256) before use.
-* ``foreign``: a ``.ckpt`` or ``.safetensors`` file written by MindSpore's
-  own ``ModelCheckpoint`` (or ``save_checkpoint``), found with no
-  notification. Its global step comes from, in order:
-    1. the name ``PREFIX-1_S.ckpt``: in epoch 1 the step within the epoch, S,
-       is the global step (no need to read the file);
+  (evald.contracts.layout); its step is in its name and must equal its manifest's.
+* ``foreign``: a ``.ckpt`` or ``.safetensors`` file written by MindSpore's own
+  ``ModelCheckpoint`` (or ``save_checkpoint``). Its global step comes from, in order:
+    1. the name ``PREFIX-1_S.ckpt``: in epoch 1 the step within the epoch, S, is the
+       global step (the file is not opened for it);
     2. a ``step_num`` entry in the file (``CheckpointConfig(append_info=["step_num"])``);
-    3. the name ``PREFIX-E_S.ckpt`` with ``--foreign-steps-per-epoch``:
-       ``(E-1) * steps_per_epoch + S``;
-    4. otherwise the file is failed with a reason saying which option to set.
-  Only network weights are kept: entries that match no network parameter
-  (optimizer moments, step counters) are dropped; names match exactly or after
-  one common dotted prefix (``network.model.w`` -> ``model.w``), the prefix
-  covering the most parameters, shortest on a tie (so ``adam_m.model.w`` loses).
+    3. the name ``PREFIX-E_S.ckpt`` with ``--foreign-steps-per-epoch``: ``(E-1)*N + S``;
+    4. otherwise the file is rejected with a reason saying which option to set.
 
-MindSpore writes ``x.tmp`` and renames it, so a final name is complete; for
-other writers a foreign file must also have kept its size and mtime for
-``foreign_settle_s`` before it is read.
+One training step gets one evaluation whichever files carry it (docs/reliability.md,
+"Which file a step is read from"): an evald-layout checkpoint wins over a foreign file
+of the same step, because it is verified (sizes and hash) and holds the weights only.
+A link inside the directory to another entry is a duplicate of that entry; a link that
+leads outside the directory is rejected.
+
+MindSpore writes ``x.tmp`` and renames it, so a final name is complete; for other
+writers a foreign file must also have kept its size and mtime for ``settle_s``.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
@@ -37,8 +36,10 @@ from evald.contracts import layout
 
 EVALD, FOREIGN = "evald", "foreign"
 FOREIGN_SUFFIXES = (".ckpt", ".safetensors")
-_MODEL_CHECKPOINT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)\.(ckpt|safetensors)$")
+PREFERENCE = {EVALD: 0, FOREIGN: 1}  # lower wins when several files carry one step
+_MODEL_CHECKPOINT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d{1,9})_(?P<step>\d{1,15})\.(ckpt|safetensors)$")
 _STEP_KEYS = ("step_num", "cur_step_num", "global_step")
+MAX_STEP = 2**63 - 1
 
 
 class CheckpointError(RuntimeError):
@@ -50,46 +51,78 @@ class CheckpointDeleted(CheckpointError):
 
 
 @dataclass(frozen=True)
-class Candidate:
-    key: str                 # name inside the checkpoint directory; the ledger key
+class Found:
+    name: str                # entry name inside the checkpoint directory
     step: int
     kind: str
-    path: Path
     run_id: str | None = None
     commit_time: float | None = None
 
+    @property
+    def preference(self) -> int:
+        return PREFERENCE[self.kind]
 
-def candidate_for(path: Path, *, steps_per_epoch: int | None = None, settle_s: float = 0.0,
-                  now: float | None = None) -> Candidate | str | None:
-    """A Candidate for ``path``; a reason string if it is a checkpoint evald cannot use;
-    None if it is not (yet) a checkpoint (temp names, unsettled files, other files)."""
-    name = path.name
-    if layout.is_temp_name(name) or name == layout.EVALD_SUBDIR or name == layout.RUN_FILE:
+
+@dataclass(frozen=True)
+class Rejected:
+    name: str
+    step: int | None
+    reason: str
+    duplicate: bool = False  # an alias of another entry, not a bad file
+
+
+def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, settle_s: float = 0.0,
+              now: float | None = None) -> Found | Rejected | None:
+    """What entry ``name`` of ``ckpt_dir`` is; None when it is not (yet) a checkpoint."""
+    if layout.is_temp_name(name) or name in (layout.EVALD_SUBDIR, layout.RUN_FILE, layout.RUN_END_FILE):
         return None
-    step = layout.parse_step_dir_name(name)
-    if step is not None:
-        if not (path / layout.MANIFEST_FILE).is_file():
-            return None  # not committed by our protocol
-        try:
-            manifest = layout.read_manifest(path)
-        except layout.LayoutError as exc:
-            return str(exc)
-        return Candidate(name, manifest.step, EVALD, path, manifest.run_id, manifest.commit_time)
-    if not name.endswith(FOREIGN_SUFFIXES):
+    path = ckpt_dir / name
+    dir_step = layout.parse_step_dir_name(name)
+    if dir_step is None and not name.endswith(FOREIGN_SUFFIXES):
         return None
+    if path.is_symlink():
+        return _link(ckpt_dir, path, dir_step)
+    if dir_step is not None:
+        return _evald(path, dir_step)
+    return _foreign(path, steps_per_epoch, settle_s, now)
+
+
+def _link(ckpt_dir: Path, path: Path, step: int | None) -> Rejected:
+    target = Path(os.path.realpath(path))
+    if target.parent != Path(os.path.realpath(ckpt_dir)):
+        return Rejected(path.name, step, f"a link to {target}, outside the checkpoint directory: not read")
+    return Rejected(path.name, step, f"a link to {target.name}, which is read under its own name", duplicate=True)
+
+
+def _evald(path: Path, dir_step: int) -> Found | Rejected | None:
+    if not (path / layout.MANIFEST_FILE).is_file():
+        return None  # not committed by our protocol (or still being renamed into place)
+    try:
+        manifest = layout.read_manifest(path)
+    except layout.LayoutError as exc:
+        return Rejected(path.name, dir_step, str(exc))
+    if manifest.step != dir_step:
+        return Rejected(path.name, dir_step, f"its manifest says step {manifest.step} but the directory is step "
+                                             f"{dir_step}: renamed or copied by hand; not evaluated")
+    return Found(path.name, dir_step, EVALD, manifest.run_id, manifest.commit_time)
+
+
+def _foreign(path: Path, steps_per_epoch: int | None, settle_s: float, now: float | None
+             ) -> Found | Rejected | None:
     try:
         st = path.stat()
     except FileNotFoundError:
         return None
     if (now or time.time()) - st.st_mtime < settle_s:
-        return None  # still changing, maybe a writer without temp+rename
+        return None  # still changing, maybe a writer without temp+rename: re-checked later
     step_or_reason = foreign_step(path, steps_per_epoch)
     if isinstance(step_or_reason, str):
-        return step_or_reason
-    return Candidate(name, step_or_reason, FOREIGN, path, None, st.st_mtime)
+        return Rejected(path.name, None, step_or_reason)
+    return Found(path.name, step_or_reason, FOREIGN, None, st.st_mtime)
 
 
 def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
+    """The global step of a foreign file, or the reason it cannot be known."""
     match = _MODEL_CHECKPOINT_NAME.match(path.name)
     if match and int(match.group("epoch")) == 1:
         return int(match.group("step"))
@@ -98,7 +131,7 @@ def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
     except CheckpointError as exc:
         return str(exc)
     if step is not None:
-        return step
+        return step if 0 <= step <= MAX_STEP else f"{path.name}: its step_num {step} is out of range"
     if match and steps_per_epoch:
         return (int(match.group("epoch")) - 1) * steps_per_epoch + int(match.group("step"))
     if match:
@@ -110,12 +143,13 @@ def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
 
 
 def _step_from_contents(path: Path) -> int | None:
+    from evald.weights import load_foreign
+
     try:
-        weights = _load_foreign(path, choice=lambda name: name in _STEP_KEYS)
+        weights = load_foreign(path, choice=lambda name: name in _STEP_KEYS)
     except CheckpointError as exc:
-        # Fix (issue 3): MindSpore raises "The loaded parameter dict is empty after filter" both for
-        # an empty file and for a readable file that merely has no step entry (no append_info).
-        # Only the empty file is an error; the other falls through to the name rules.
+        # MindSpore raises "The loaded parameter dict is empty after filter" both for an empty
+        # file and for a readable file with no step entry. Only the empty file is an error.
         if "empty after filter" in str(exc.__cause__) and path.stat().st_size > 0:
             return None
         raise
@@ -123,85 +157,3 @@ def _step_from_contents(path: Path) -> int | None:
         if key in weights:
             return int(np.asarray(weights[key]).reshape(-1)[0])
     return None
-
-
-def _load_foreign(path: Path, choice=None) -> dict[str, np.ndarray]:
-    import mindspore as ms
-
-    fmt = "safetensors" if path.suffix == ".safetensors" else "ckpt"
-    try:
-        params = ms.load_checkpoint(str(path), format=fmt, choice_func=choice)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise CheckpointError(f"{path.name}: MindSpore cannot read it ({str(exc).splitlines()[0][:300]}); "
-                              f"truncated, empty or corrupt") from exc
-    return {name: p.asnumpy() for name, p in params.items()}
-
-
-def load_weights(candidate: Candidate) -> dict[str, np.ndarray]:
-    """Host arrays of a candidate's weights; CheckpointError says what is wrong with the file."""
-    if not candidate.path.exists():
-        raise CheckpointDeleted(f"{candidate.key}: deleted before it could be evaluated")
-    if candidate.kind == FOREIGN:
-        return _load_foreign(candidate.path)
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
-    try:
-        manifest = layout.read_manifest(candidate.path)
-        weights_path = layout.verify_weights(candidate.path, manifest)
-    except layout.LayoutError as exc:
-        if not candidate.path.exists():
-            raise CheckpointDeleted(f"{candidate.key}: deleted before it could be evaluated") from exc
-        raise CheckpointError(str(exc)) from exc
-    try:
-        return load_file(str(weights_path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights_path}: not a readable safetensors file ({exc})") from exc
-
-
-def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple], *, strict: bool
-                ) -> dict[str, np.ndarray]:
-    """Map checkpoint entries onto the network's parameter names, or raise naming every problem.
-
-    ``expected`` is ``{name: (shape, dtype)}``. Names match exactly or through
-    the one dotted prefix that covers the most parameters (the shortest on a
-    tie), never an optimizer moment such as ``adam_m.<prefix>.<name>``. With
-    ``strict`` (evald layout) every entry must match; otherwise (foreign files,
-    which hold optimizer state too) the others are dropped.
-    """
-    # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"),
-    # so "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry
-    # let the Adam second moments overwrite the real weight. A network's weights share ONE
-    # prefix (its path in the saved cell: "" for the bare network, "model." under a loss
-    # cell), so choose the prefix that covers the most parameters, the shortest on a tie:
-    # optimizer state always adds its own prefix on top, so the weights' prefix is shorter.
-    by_prefix: dict[str, dict[str, str]] = {}
-    for name in weights:
-        parts = name.split(".")
-        for i in range(len(parts)):
-            suffix = ".".join(parts[i:])
-            if suffix in expected:
-                by_prefix.setdefault(".".join(parts[:i]), {})[suffix] = name
-    best = min(by_prefix, key=lambda prefix: (-len(by_prefix[prefix]), len(prefix)), default=None)
-    chosen = by_prefix.get(best, {}) if best is not None else {}
-    matched = {target: weights[name] for target, name in chosen.items()}
-    unexpected = sorted(set(weights) - set(chosen.values()))
-    missing = sorted(set(expected) - set(matched))
-    mismatched = [f"{n}: checkpoint {tuple(a.shape)} vs network {tuple(expected[n][0])}"
-                  for n, a in matched.items() if tuple(a.shape) != tuple(expected[n][0])]
-    problems = []
-    if missing:
-        problems.append(f"missing parameters {_few(missing)}")
-    if strict and unexpected:
-        problems.append(f"unexpected parameters {_few(unexpected)}")
-    if mismatched:
-        problems.append(f"shape mismatch {_few(mismatched)}")
-    if problems:
-        raise CheckpointError("checkpoint does not fit the evaluation network: " + "; ".join(problems)
-                              + " (was it saved from another model or model config?)")
-    return matched
-
-
-def _few(items: list[str], limit: int = 8) -> str:
-    shown = ", ".join(items[:limit])
-    return f"[{shown}{', …' if len(items) > limit else ''}] ({len(items)})"

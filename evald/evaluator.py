@@ -1,8 +1,8 @@
 """The evaluation network: built and compiled once, then fed each checkpoint's weights.
 
 Hot-swapping with ``load_param_into_net`` takes about a millisecond and does not
-recompile (measured; see docs), while building and compiling a fresh network
-takes seconds. Batches keep one shape, so the graph compiles exactly once.
+recompile, while building and compiling a fresh network takes seconds. Batches keep
+one shape, so the graph compiles exactly once, when the Evaluator is built.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from evald.checkpoints import CheckpointError, match_names
+from evald.checkpoints import CheckpointError
 from evald.contracts.wire import FactorySpec
 from evald.factories import call_factory
-from evald.subset import fixed_batches, select_subset
-from evald.tasks import make_task
+from evald.subset import SubsetInfo, fixed_batches, select_subset
+from evald.tasks import DataShapeError, ShouldAbort, make_task, never
+from evald.weights import match_names
 
 log = logging.getLogger("evald.evaluator")
 
@@ -33,43 +34,56 @@ class EvalResult:
 
 class Evaluator:
     def __init__(self, *, task: str, model: FactorySpec, data: FactorySpec, subset_size: int,
-                 subset_seed: int, batch_size: int, plugins: Sequence[Any] = (),
-                 generation: Any = None) -> None:
+                 subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None) -> None:
         import mindspore as ms
 
         self._ms = ms
         started = time.time()
-        self.network = call_factory(model, "model")
-        self.network.set_train(False)
         self.task = make_task(task, plugins=plugins, generation=generation)
+        dataset = call_factory(data, "data")
+        try:
+            size = len(dataset)
+        except TypeError:
+            raise DataShapeError(f"the data factory {data.target!r} returned {type(dataset).__name__}, which has "
+                                 f"no len(); return a sequence or an array of validation items") from None
+        if size == 0:
+            raise DataShapeError(f"the data factory {data.target!r} returned an empty validation set")
+        self.task.check_item(dataset[0])
+        indices = select_subset(size, subset_size, subset_seed)
+        for i in indices:
+            self.task.check_item(dataset[int(i)])
+        self.subset = SubsetInfo.of(indices, num_samples=size, requested=subset_size, seed=subset_seed)
+        self.batches = fixed_batches(dataset, indices, batch_size)
+        self.network = call_factory(model, "model")
+        if not hasattr(self.network, "parameters_and_names"):
+            raise TypeError(f"the model factory {model.target!r} returned {type(self.network).__name__}, "
+                            f"not a mindspore.nn.Cell")
+        self.network.set_train(False)
         self.cell = self.task.build_cell(self.network)
         self.cell.set_train(False)
         named = list(self.network.parameters_and_names())
         self.param_specs = {name: (tuple(p.shape), str(p.dtype)) for name, p in named}
         self._param_names = {name: p.name for name, p in named}
         self._dtypes = {name: p.dtype for name, p in named}
-        dataset = call_factory(data, "data")
-        self.indices = select_subset(len(dataset), subset_size, subset_seed)
-        self.batches = fixed_batches(dataset, self.indices, batch_size)
         self.generation = generation
         if generation is not None:
-            generation.prepare(self.network, dataset, self.indices)
-        # Compile now, not during the first checkpoint.
-        self.task.evaluate(self.cell, self.batches[:1])
+            generation.prepare(self.network, dataset, indices)
+        self.task.evaluate(self.cell, self.batches[:1])  # compile now, not at the first checkpoint
         if generation is not None:
             generation.run()
-        log.info("evaluation network ready in %.1fs: %d parameters, %d samples in %d batches of %d",
-                 time.time() - started, len(named), len(self.indices), len(self.batches), batch_size)
+        log.info("evaluation network ready in %.1fs: %d parameters; %s", time.time() - started, len(named),
+                 self.subset.describe())
 
-    def evaluate(self, weights: dict[str, np.ndarray], *, strict: bool) -> EvalResult:
+    def evaluate(self, weights: dict[str, np.ndarray], *, strict: bool,
+                 should_abort: ShouldAbort = never) -> EvalResult:
         started = time.time()
         matched = match_names(weights, self.param_specs, strict=strict)
         self._swap(matched)
         loaded = time.time()
-        metrics = self.task.evaluate(self.cell, self.batches)
+        metrics = self.task.evaluate(self.cell, self.batches, should_abort)
         texts: dict[str, str] = {}
         if self.generation is not None:
-            gen_metrics, gen_texts = self.generation.run()
+            gen_metrics, gen_texts = self.generation.run(should_abort)
             metrics.update(gen_metrics)
             texts.update(gen_texts)
         return EvalResult(metrics, texts, loaded - started, time.time() - loaded)

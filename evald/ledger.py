@@ -1,17 +1,23 @@
-"""The ledger: evald's persistent memory of every checkpoint (sqlite3, in the log directory).
+"""The ledger: evald's durable memory of a checkpoint directory (sqlite, in the log directory).
 
-One row per checkpoint, keyed by its name in the checkpoint directory
-(``step_000000100`` or a foreign file name), whichever source found it first:
-ZeroMQ, watchdog or a rescan. States::
+Three tables:
 
-    seen -> queued -> evaluating -> evaluated
-                 \\-> skipped (reason)   \\-> failed (error)   \\-> deleted (before evaluation)
+* ``steps``: one row per training step, the unit of evaluation. A step is read from
+  one file (``source``) however many files carry it. States::
 
-Every change is committed before evald acts on it, so after a crash or
-``kill -9`` a restarted evald knows exactly what is done. A row left in
-``evaluating`` by a crash goes back to ``queued`` (its attempts are counted;
-after ``max_attempts`` it is marked failed rather than crash-looping). The
-``kv`` table persists small JSON state (early stop, health monitor).
+      queued -> evaluating -> evaluated | failed | deleted
+        \\-> skipped (reason)     \\-> queued again (interrupted, unexpected error)
+
+* ``files``: every entry of the directory evald looked at, with what became of it
+  (``used`` by a step, a ``duplicate`` of a step read from another file, or
+  ``rejected`` with the reason), so each file is judged once.
+* ``records``: the outbox of TensorBoard records. A record is inserted in the same
+  transaction as the state change it reports and marked ``written`` once it is on
+  disk, so a crash can neither lose a point nor write one twice.
+
+Every public method that changes anything is ONE transaction: after a crash the
+ledger is at one side of each change, never in between. ``kv`` holds small JSON
+state (decisions, control state, run end) changed inside those same transactions.
 """
 
 from __future__ import annotations
@@ -19,126 +25,268 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterator, Mapping, Sequence
 
-SEEN, QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
-    "seen", "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
+QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
+    "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
 FINAL_STATES = (EVALUATED, SKIPPED, FAILED, DELETED)
+USED, DUPLICATE, REJECTED = "used", "duplicate", "rejected"
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS checkpoints (
-    key TEXT PRIMARY KEY,
-    step INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    path TEXT NOT NULL,
-    state TEXT NOT NULL,
-    reason TEXT,
-    source TEXT NOT NULL,
-    run_id TEXT,
-    commit_time REAL,
-    seen_at REAL NOT NULL,
-    queued_at REAL,
-    started_at REAL,
-    finished_at REAL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    metrics TEXT
-);
-CREATE INDEX IF NOT EXISTS checkpoints_state ON checkpoints(state, step);
+CREATE TABLE IF NOT EXISTS steps (
+    step INTEGER PRIMARY KEY, state TEXT NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL,
+    run_id TEXT, commit_time REAL, found_via TEXT NOT NULL, reason TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, admitted_at REAL NOT NULL, started_at REAL,
+    finished_at REAL, metrics TEXT);
+CREATE INDEX IF NOT EXISTS steps_state ON steps(state, step);
+CREATE TABLE IF NOT EXISTS files (
+    name TEXT PRIMARY KEY, step INTEGER, status TEXT NOT NULL, reason TEXT, found_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, step INTEGER NOT NULL,
+    wall_time REAL NOT NULL, payload TEXT NOT NULL, written INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS records_pending ON records(written, id);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
 @dataclass(frozen=True)
-class Entry:
-    key: str
+class Step:
     step: int
-    kind: str
-    path: str
     state: str
-    reason: str | None
     source: str
+    kind: str
     run_id: str | None
     commit_time: float | None
-    seen_at: float
+    found_via: str
+    reason: str | None
     attempts: int
     metrics: dict[str, float] | None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One TensorBoard record: every value of one step in one stream (eval or train)."""
+
+    stream: str
+    step: int
+    wall_time: float
+    scalars: Mapping[str, float]
+    texts: Mapping[str, str]
+    id: int | None = None
 
 
 class Ledger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a kill -9 must not lose a state change
-        self._db.executescript(_SCHEMA)
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, SCHEMA_VERSION):
+            raise RuntimeError(f"{self.path} has ledger schema {version}; this evald reads {SCHEMA_VERSION}")
+        with self._transaction() as db:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            if version == 0:
+                _migrate_v1(db)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._db.close()
 
-    # ------------------------------------------------------------ checkpoints
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
-    def record_seen(self, key: str, step: int, kind: str, path: str, source: str,
-                    run_id: str | None = None, commit_time: float | None = None) -> bool:
-        """Insert a newly found checkpoint as ``seen``; False if the ledger already knows it."""
-        cur = self._db.execute(
-            "INSERT OR IGNORE INTO checkpoints(key, step, kind, path, state, source, run_id, commit_time,"
-            " seen_at) VALUES (?,?,?,?,?,?,?,?,?)",
-            (key, step, kind, path, SEEN, source, run_id, commit_time, time.time()))
-        return cur.rowcount == 1
+    # ------------------------------------------------------------ changes (one transaction each)
 
-    def get(self, key: str) -> Entry | None:
-        row = self._db.execute("SELECT * FROM checkpoints WHERE key=?", (key,)).fetchone()
-        return self._entry(row) if row else None
-
-    def set_state(self, key: str, state: str, reason: str | None = None,
-                  metrics: dict[str, float] | None = None) -> None:
+    def admit(self, *, name: str, step: int, kind: str, found_via: str, run_id: str | None,
+              commit_time: float | None, skip_reason: str | None = None) -> None:
+        """A new step read from file ``name``: queued, or skipped at once with ``skip_reason``."""
         now = time.time()
-        column = {QUEUED: "queued_at", EVALUATING: "started_at"}.get(state, "finished_at")
-        attempts = ", attempts = attempts + 1" if state == EVALUATING else ""
-        self._db.execute(
-            f"UPDATE checkpoints SET state=?, reason=?, {column}=?{attempts}"
-            + (", metrics=?" if metrics is not None else "") + " WHERE key=?",
-            (state, reason, now, *([json.dumps(metrics)] if metrics is not None else []), key))
+        with self._transaction() as db:
+            db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)", (name, step, USED, now))
+            db.execute("INSERT INTO steps(step, state, source, kind, run_id, commit_time, found_via, reason,"
+                       " admitted_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (step, SKIPPED if skip_reason else QUEUED, name, kind, run_id, commit_time, found_via,
+                        skip_reason, now, now if skip_reason else None))
+            if skip_reason:
+                self._outbox(db, Record("eval", step, commit_time or now, {}, {"evald/skipped": skip_reason}))
 
-    def with_state(self, *states: str) -> list[Entry]:
-        marks = ",".join("?" * len(states))
-        rows = self._db.execute(
-            f"SELECT * FROM checkpoints WHERE state IN ({marks}) ORDER BY step, key", states).fetchall()
-        return [self._entry(r) for r in rows]
+    def replace_source(self, step: int, *, name: str, kind: str, run_id: str | None,
+                       commit_time: float | None, old_reason: str) -> None:
+        """A queued step is read from the better file ``name``; its old file becomes a duplicate."""
+        with self._transaction() as db:
+            (old,) = db.execute("SELECT source FROM steps WHERE step=? AND state=?", (step, QUEUED)).fetchone()
+            db.execute("UPDATE files SET status=?, reason=? WHERE name=?", (DUPLICATE, old_reason, old))
+            db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)",
+                       (name, step, USED, time.time()))
+            db.execute("UPDATE steps SET source=?, kind=?, run_id=?, commit_time=? WHERE step=?",
+                       (name, kind, run_id, commit_time, step))
 
-    def all(self) -> list[Entry]:
-        return [self._entry(r) for r in self._db.execute("SELECT * FROM checkpoints ORDER BY step, key")]
+    def note_file(self, name: str, step: int | None, status: str, reason: str,
+                  fail_step: bool = False) -> None:
+        """A file that is a duplicate or rejected; with ``fail_step``, its step (if new) fails with it."""
+        now = time.time()
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
+                       (name, step, status, reason, now))
+            if fail_step and step is not None and not db.execute(
+                    "SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
+                db.execute("INSERT INTO steps(step, state, source, kind, found_via, reason, admitted_at,"
+                           " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, FAILED, name, "unknown", "scan",
+                                                                       reason, now, now))
+                self._outbox(db, Record("eval", step, now, {}, {"evald/failed": f"{name}: {reason}"}))
 
-    def counts(self) -> dict[str, int]:
-        return dict(self._db.execute("SELECT state, COUNT(*) FROM checkpoints GROUP BY state").fetchall())
+    def start(self, step: int, skips: Sequence[tuple[int, str]] = ()) -> None:
+        """``step`` is being evaluated (one more attempt); ``skips`` are passed over by the lag policy."""
+        now = time.time()
+        with self._transaction() as db:
+            self._skip(db, skips, now)
+            db.execute("UPDATE steps SET state=?, started_at=?, attempts=attempts+1 WHERE step=?",
+                       (EVALUATING, now, step))
 
-    def recover_interrupted(self, max_attempts: int) -> list[Entry]:
-        """After a crash: ``evaluating`` rows go back to ``queued`` (or ``failed`` past max_attempts)."""
-        interrupted = self.with_state(EVALUATING)
-        for entry in interrupted:
-            if entry.attempts >= max_attempts:
-                self.set_state(entry.key, FAILED,
-                               f"evald stopped {entry.attempts} times while evaluating this checkpoint; "
-                               f"giving up (raise --max-attempts to retry)")
-            else:
-                self.set_state(entry.key, QUEUED, "re-queued after evald was interrupted")
+    def skip(self, skips: Sequence[tuple[int, str]]) -> None:
+        with self._transaction() as db:
+            self._skip(db, skips, time.time())
+
+    def finish(self, step: int, state: str, *, reason: str | None = None,
+               metrics: Mapping[str, float] | None = None, record: Record | None = None,
+               kv: Mapping[str, Any] | None = None) -> None:
+        """The outcome of an evaluation, its TensorBoard record and the decisions it led to, at once."""
+        assert state in (EVALUATED, FAILED, DELETED), state
+        with self._transaction() as db:
+            db.execute("UPDATE steps SET state=?, reason=?, finished_at=?, metrics=? WHERE step=?",
+                       (state, reason, time.time(), json.dumps(dict(metrics)) if metrics else None, step))
+            if record is not None:
+                self._outbox(db, record)
+            for key, value in (kv or {}).items():
+                db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def requeue(self, step: int, reason: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE steps SET state=?, reason=? WHERE step=?", (QUEUED, reason, step))
+
+    def recover_interrupted(self, max_attempts: int) -> list[Step]:
+        """At start: steps left ``evaluating`` by a crash go back to ``queued``, or fail past max_attempts."""
+        interrupted = self.steps(EVALUATING)
+        now = time.time()
+        with self._transaction() as db:
+            for row in interrupted:
+                if row.attempts >= max_attempts:
+                    reason = (f"evaluation interrupted {row.attempts} times (evald killed or crashed while "
+                              f"evaluating it); giving up: raise tuning.max_attempts or `evald retry {row.step}`")
+                    db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?",
+                               (FAILED, reason, now, row.step))
+                    self._outbox(db, Record("eval", row.step, now, {}, {"evald/failed": reason}))
+                else:
+                    db.execute("UPDATE steps SET state=?, reason=? WHERE step=?",
+                               (QUEUED, "re-queued: evald was interrupted while evaluating it", row.step))
         return interrupted
 
-    @staticmethod
-    def _entry(row: Iterable[Any]) -> Entry:
-        (key, step, kind, path, state, reason, source, run_id, commit_time, seen_at, _queued,
-         _started, _finished, attempts, metrics) = row
-        return Entry(key, step, kind, path, state, reason, source, run_id, commit_time, seen_at, attempts,
-                     json.loads(metrics) if metrics else None)
+    def add_records(self, records: Sequence[Record], kv: Mapping[str, Any] | None = None) -> None:
+        with self._transaction() as db:
+            for record in records:
+                self._outbox(db, record)
+            for key, value in (kv or {}).items():
+                db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
-    # ------------------------------------------------------------ small state
+    def mark_written(self, ids: Sequence[int]) -> None:
+        with self._transaction() as db:
+            db.executemany("UPDATE records SET written=1 WHERE id=?", [(i,) for i in ids])
+
+    def put_state(self, key: str, value: Any) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    # ------------------------------------------------------------ reads
+
+    def step(self, step: int) -> Step | None:
+        row = self._db.execute(f"SELECT {_STEP_COLUMNS} FROM steps WHERE step=?", (step,)).fetchone()
+        return _step(row) if row else None
+
+    def steps(self, *states: str) -> list[Step]:
+        where = f" WHERE state IN ({','.join('?' * len(states))})" if states else ""
+        rows = self._db.execute(f"SELECT {_STEP_COLUMNS} FROM steps{where} ORDER BY step", states).fetchall()
+        return [_step(r) for r in rows]
+
+    def step_numbers(self) -> list[int]:
+        return [s for (s,) in self._db.execute("SELECT step FROM steps ORDER BY step")]
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT state, COUNT(*) FROM steps GROUP BY state").fetchall())
+
+    def file_status(self, name: str) -> str | None:
+        row = self._db.execute("SELECT status FROM files WHERE name=?", (name,)).fetchone()
+        return row[0] if row else None
+
+    def files(self) -> list[tuple[str, int | None, str, str | None]]:
+        return self._db.execute("SELECT name, step, status, reason FROM files ORDER BY name").fetchall()
+
+    def pending_records(self) -> list[Record]:
+        rows = self._db.execute("SELECT id, stream, step, wall_time, payload FROM records WHERE written=0 "
+                                "ORDER BY id").fetchall()
+        out = []
+        for rid, stream, step, wall_time, payload in rows:
+            data = json.loads(payload)
+            out.append(Record(stream, step, wall_time, data.get("scalars", {}), data.get("texts", {}), rid))
+        return out
 
     def get_state(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
-    def put_state(self, key: str, value: Any) -> None:
-        self._db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+    # ------------------------------------------------------------ internals
+
+    @staticmethod
+    def _outbox(db: sqlite3.Connection, record: Record) -> None:
+        payload = json.dumps({"scalars": dict(record.scalars), "texts": dict(record.texts)})
+        db.execute("INSERT INTO records(stream, step, wall_time, payload) VALUES (?,?,?,?)",
+                   (record.stream, record.step, record.wall_time, payload))
+
+    def _skip(self, db: sqlite3.Connection, skips: Sequence[tuple[int, str]], now: float) -> None:
+        for step, reason in skips:
+            db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?", (SKIPPED, reason, now, step))
+            self._outbox(db, Record("eval", step, now, {}, {"evald/skipped": reason}))
+
+
+def _migrate_v1(db: sqlite3.Connection) -> None:
+    """A ledger of evald 0.1 (one row per file in ``checkpoints``) becomes steps and files."""
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE name='checkpoints'").fetchone():
+        return
+    rank = {EVALUATED: 0, FAILED: 1, DELETED: 1, SKIPPED: 2}
+    rows = db.execute("SELECT key, step, kind, state, reason, source, run_id, commit_time, seen_at, attempts,"
+                      " metrics FROM checkpoints").fetchall()
+    for key, step, kind, state, reason, source, run_id, commit_time, seen_at, attempts, metrics in sorted(
+            rows, key=lambda r: (rank.get(r[3], 3), r[0])):
+        if step < 0:
+            db.execute("INSERT OR IGNORE INTO files VALUES (?,?,?,?,?)", (key, None, REJECTED, reason, seen_at))
+        elif db.execute("SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
+            db.execute("INSERT OR IGNORE INTO files VALUES (?,?,?,?,?)",
+                       (key, step, DUPLICATE, f"step {step} is read from another file", seen_at))
+        else:
+            state = QUEUED if state in ("seen", EVALUATING) else state
+            db.execute("INSERT INTO steps(step, state, source, kind, run_id, commit_time, found_via, reason,"
+                       " attempts, admitted_at, metrics) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                       (step, state, key, kind, run_id, commit_time, source, reason, attempts, seen_at, metrics))
+            db.execute("INSERT OR IGNORE INTO files VALUES (?,?,?,?,?)", (key, step, USED, None, seen_at))
+    db.execute("ALTER TABLE checkpoints RENAME TO checkpoints_v1")
+
+
+_STEP_COLUMNS = "step, state, source, kind, run_id, commit_time, found_via, reason, attempts, metrics"
+
+
+def _step(row: Sequence[Any]) -> Step:
+    *head, metrics = row
+    return Step(*head, json.loads(metrics) if metrics else None)

@@ -55,7 +55,7 @@ SEQ_LEN = 64
 MODEL_FACTORY = wire.FactorySpec("examples.tiny_lm.model:build_model", {"seq_len": SEQ_LEN}, str(REPO))
 DATA_FACTORY = wire.FactorySpec("examples.tiny_lm.data:validation_windows", {"seq_len": SEQ_LEN}, str(REPO))
 # Small and fast evaluations (2 batches); tests that need slow ones override these.
-FAST = ("--subset-size", "32", "--batch-size", "16", "--generation-prompts", "0")
+FAST = ("--subset-size", "32", "--batch-size", "16", "--generation", '{"prompts": 0}')
 
 
 # ================================================================ weights and checkpoints
@@ -147,7 +147,7 @@ def start(tmp: Path, ckpt_dir: Path | None, *args: str, env: dict[str, str] | No
     """A real ``python -m evald`` (not pinned to a core: the machine is shared)."""
     cmd: list[str] = [*(FAST if fast else ()), *(["--ckpt-dir", str(ckpt_dir)] if ckpt_dir else [])]
     if not zmq:
-        cmd.append("--no-zmq")
+        cmd += ["--endpoint", "none"]
     return start_evald(Path(tmp), env or {}, [*cmd, *args], name=name, cpu=None)
 
 
@@ -156,7 +156,22 @@ def ledger_path(ckpt_dir: Path, logdir: Path | None = None) -> Path:
 
 
 def ledger_rows(ckpt_dir: Path, logdir: Path | None = None) -> list[dict[str, Any]]:
-    """Every row of the ``checkpoints`` table (an empty list before evald created it)."""
+    """Every row of the ledger's ``steps`` table, one per step (an empty list before evald made it).
+
+    ``key`` is the file the step is read from and ``source`` how it was found (zmq, watchdog, rescan).
+    """
+    return _query(ckpt_dir, logdir, "SELECT step, state, source AS key, kind, found_via AS source, reason,"
+                                    " attempts, run_id, commit_time, metrics, admitted_at AS seen_at, started_at, finished_at"
+                                    " FROM steps ORDER BY step")
+
+
+def ledger_files(ckpt_dir: Path, logdir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The ledger's ``files`` table: every entry evald judged, by name (used, duplicate, rejected)."""
+    rows = _query(ckpt_dir, logdir, "SELECT name, step, status, reason FROM files ORDER BY name")
+    return {r["name"]: r for r in rows}
+
+
+def _query(ckpt_dir: Path, logdir: Path | None, sql: str) -> list[dict[str, Any]]:
     path = ledger_path(ckpt_dir, logdir)
     if not path.exists():
         return []
@@ -164,7 +179,7 @@ def ledger_rows(ckpt_dir: Path, logdir: Path | None = None) -> list[dict[str, An
     try:
         db.row_factory = sqlite3.Row
         try:
-            return [dict(r) for r in db.execute("SELECT * FROM checkpoints ORDER BY step, key")]
+            return [dict(r) for r in db.execute(sql)]
         except sqlite3.OperationalError:  # evald has not created the schema yet
             return []
     finally:

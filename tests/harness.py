@@ -67,8 +67,8 @@ def start_trainer(tmp: Path, ckpt_dir: Path, env: dict[str, str], *, steps: int 
 
 def start_evald(tmp: Path, env: dict[str, str], args: Sequence[str] = (), name: str = "evald",
                 cpu: str | None = "1") -> Proc:
-    cmd = [PYTHON, "-m", "evald", "--subset-size", "64", "--batch-size", "16", "--generation-prompts", "2",
-           "--generation-new-tokens", "8", *args]
+    cmd = [PYTHON, "-m", "evald", "--subset-size", "64", "--batch-size", "16", "--generation",
+           '{"prompts": 2, "new_tokens": 8}', *args]
     if cpu is not None:
         cmd += ["--cpu-affinity", cpu]
     return Proc(cmd, base_env(env), tmp / f"{name}.log")

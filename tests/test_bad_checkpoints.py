@@ -1,9 +1,11 @@
-"""Issue 3, bad checkpoints: each one is recorded with a clear reason (ledger, log, TensorBoard
-text under ``evald/failed`` or ``evald/deleted``) and evald goes on to the next one.
+"""Bad checkpoints: each one is recorded with a clear reason (ledger, log, TensorBoard text
+under ``evald/failed`` or ``evald/deleted`` at its step) and evald goes on to the next one.
 
 evald-layout checkpoints are corrupted AFTER their commit (the manifest's sizes and sha256
 catch it); foreign ``.ckpt`` files are truncated, emptied or replaced by garbage; one
-checkpoint is deleted after evald queued it but before it got to it.
+checkpoint is deleted after evald queued it but before it got to it (evald starts with no
+factories, so everything waits, and learns them from RUN.json once step 70 is gone). A file
+whose step cannot be known at all is rejected in the ledger's files table (no step, no point).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ EXPECTED = {
     "truncated-1_81.ckpt": ("failed", ["MindSpore cannot read it", "corrupt"]),
     "empty-1_82.ckpt": ("failed", ["MindSpore cannot read it"]),
     "garbage-1_83.ckpt": ("failed", ["MindSpore cannot read it"]),
-    "garbage-2_1.ckpt": ("failed", ["MindSpore cannot read it"]),   # unreadable even for its step
     layout.step_dir_name(90): ("evaluated", []),
     "good-1_95.ckpt": ("evaluated", []),
 }
@@ -36,7 +37,7 @@ EXPECTED = {
 
 def test_bad_checkpoints_are_recorded_and_evald_goes_on(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
-    faults.announce(ckpt)
+    ckpt.mkdir()
     for step in (10, 20, 30, 40, 70, 75, 90):
         faults.commit(ckpt, step)
     faults.truncate(faults.weights_path(ckpt, 10), 0.5)
@@ -61,15 +62,20 @@ def test_bad_checkpoints_are_recorded_and_evald_goes_on(tmp_path, procs):
     faults.overwrite_garbage(ckpt / "garbage-1_83.ckpt", 4096)
     faults.overwrite_garbage(ckpt / "garbage-2_1.ckpt", 4096, seed=1)
 
-    evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--foreign-settle-s", "0", "--idle-exit-s", "2")
+    evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--tuning", '{"foreign_settle_s": 0}',
+                         "--idle-exit-s", "10")
     procs.append(evald)
-    # Delete step 70 once evald has queued it; it is still compiling, so it cannot have read it.
+    # Delete step 70 once evald has queued it: with no factories known yet, nothing is read.
     wait_for(lambda: faults.ledger_by_key(ckpt).get(layout.step_dir_name(70), {}).get("state") == "queued",
              120, "step 70 queued", interval=0.02)
-    assert "evaluation network ready" not in evald.output()
     shutil.rmtree(ckpt / layout.step_dir_name(70))
+    faults.announce(ckpt)
     assert evald.wait(180) == 0, evald.output()[-3000:]
     log = evald.output()
+    # the file whose step cannot be known: rejected once, with the reason, and no step invented for it
+    rejected = faults.ledger_files(ckpt)["garbage-2_1.ckpt"]
+    assert rejected["status"] == "rejected" and rejected["step"] is None
+    assert "MindSpore cannot read it" in rejected["reason"] and "rejected garbage-2_1.ckpt" in log
 
     rows = faults.ledger_by_key(ckpt)
     assert sorted(rows) == sorted(EXPECTED)
@@ -81,7 +87,7 @@ def test_bad_checkpoints_are_recorded_and_evald_goes_on(tmp_path, procs):
         if state == "evaluated":
             continue
         assert all(w in row["reason"] for w in words), (key, row["reason"])
-        assert f"checkpoint {key} not evaluated ({state})" in log, key
+        assert f"({key}) not evaluated ({state})" in log or f"rejected {key}: " in log, key
         [text] = [t for _, tag, t in texts if tag == f"evald/{state}" and t.startswith(f"{key}: ")]
         assert row["reason"] in text
     # the good ones after all of that were evaluated, once

@@ -26,7 +26,7 @@ def test_classification_metrics_match_sklearn(tmp_path, endpoints, procs):
         run_id="cls", ckpt_dir=str(ckpt), task="classification",
         model_factory=wire.FactorySpec("examples.tiny_cls.model:build_model", {}, str(REPO)),
         data_factory=wire.FactorySpec("examples.tiny_cls.data:validation_set", {}, str(REPO))).encode().decode())
-    evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--no-zmq", "--idle-exit-s", "2",
+    evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--idle-exit-s", "2",
                                               "--subset-size", "100", "--batch-size", "32",
                                               "--metric-plugin", "tests.plugin_metric_example:MeanAbsoluteLogit"],
                         cpu=None)

@@ -13,9 +13,10 @@ from evald.contracts import layout
 from tests.harness import committed_steps, hook_stats, start_evald, start_trainer
 
 
-def ledger_state(ckpt, key):
+def decisions_state(ckpt):
+    """The decision state evald committed with its last evaluation."""
     db = sqlite3.connect(ckpt / "evald" / "ledger.sqlite")
-    row = db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+    row = db.execute("SELECT value FROM kv WHERE key='decisions'").fetchone()
     db.close()
     return json.loads(row[0]) if row else None
 
@@ -55,8 +56,8 @@ def test_restarted_evald_continues_the_patience_count(tmp_path, endpoints, procs
     hidden.mkdir()
     for step in steps[2:]:  # reveal checkpoints one restart at a time
         (ckpt / layout.step_dir_name(step)).rename(hidden / layout.step_dir_name(step))
-    args = ["--ckpt-dir", str(ckpt), "--no-zmq", "--idle-exit-s", "2", "--lag-policy", "all",
-            "--patience", "3", "--min-delta", "10", "--generation-prompts", "0"]
+    args = ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--idle-exit-s", "2", "--lag-policy", "all",
+            "--patience", "3", "--min-delta", "10", "--generation", '{"prompts": 0}']
     waits = []
     for reveal in [None, 30, 40]:
         if reveal is not None:
@@ -64,10 +65,10 @@ def test_restarted_evald_continues_the_patience_count(tmp_path, endpoints, procs
         evald = start_evald(tmp_path, endpoints, args, name=f"evald{reveal}", cpu=None)
         procs.append(evald)
         assert evald.wait(180) == 0, evald.output()[-3000:]
-        waits.append(ledger_state(ckpt, "early_stop")["wait"])
+        waits.append(decisions_state(ckpt)["early_stop"]["wait"])
     assert waits == [1, 2, 3]  # a fresh count would restart at 0 with each evald
-    control = ledger_state(ckpt, "control_state")
-    assert control["stop_at_step"] is not None and "patience 3 exhausted" in control["reason"]
+    control = decisions_state(ckpt)["control"]
+    assert control["stop_at_step"] is not None and "patience 3 exhausted" in control["stop_reason"]
 
 
 def test_stop_for_an_earlier_run_is_ignored(tmp_path, endpoints, procs):
@@ -89,4 +90,4 @@ def test_stop_for_an_earlier_run_is_ignored(tmp_path, endpoints, procs):
     assert committed_steps(tmp_path / "b") == [30, 60]
     stats = hook_stats(second.output())
     assert stats["control_messages_ignored"] > 0  # run-a's stop did arrive, and was ignored
-    assert "ignored run_announced for" in evald.output()
+    assert "ignored a run_announced message: it is for" in evald.output()

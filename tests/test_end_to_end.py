@@ -36,7 +36,7 @@ def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
     for tag in ("eval/perplexity", "eval/accuracy", "sample/greedy/distinct_1", "sample/sampled/rep_2",
                 "sample/greedy/topic_consistency", "train/loss", "train/grad_norm", "train/learning_rate",
                 "train/step_time_s", "train/samples_per_s", "train/tokens_per_s", "train/eta_s",
-                "evald/load_s", "evald/evaluate_s", "evald/write_s", "evald/commit_to_written_s",
+                "evald/load_s", "evald/evaluate_s",
                 "evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total"):
         assert scalar_points(ckpt / "evald", tag), f"{tag} missing"
     for mode in ("greedy", "sampled"):  # a few generated samples as text at every evaluation
@@ -54,7 +54,7 @@ def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_pat
     assert committed_steps(ckpt) == [10, 20]
 
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all",
-                                              "--idle-exit-s", "2", "--no-zmq"])
+                                              "--idle-exit-s", "2", "--endpoint", "none"])
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
     assert [s for s, _, _ in scalar_points(ckpt / "evald", "eval/loss")] == [10, 20]
@@ -65,7 +65,7 @@ def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
     trainer = start_trainer(tmp_path, ckpt, endpoints, steps=10, every=10, loop="custom")
     procs.append(trainer)
     assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--idle-exit-s", "2", "--no-zmq"],
+    evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--idle-exit-s", "2", "--endpoint", "none"],
                         cpu=None)
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]

@@ -8,12 +8,13 @@ import time
 import zmq
 
 from evald.contracts import wire
+from tests import faults
 from tests.harness import start_evald, text_events, wait_for
 
 
 def test_alerts_fire_once_per_episode_and_healthy_signals_stay_quiet(tmp_path, endpoints, procs):
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
+    faults.announce(ckpt, run_id="r")  # messages count only for the run the directory names
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--idle-exit-s", "3"], cpu=None)
     procs.append(evald)
     wait_for(lambda: "listening for notifications" in evald.output(), 60, "evald to bind")

@@ -38,7 +38,7 @@ def test_sigterm_finishes_the_current_evaluation_and_exits_0(tmp_path, procs):
     signalled = time.time()
     assert evald.wait(120) == 0, evald.output()[-3000:]
     log = evald.output()
-    assert "SIGTERM: finishing the current evaluation" in log and "evald stopped" in log
+    assert "signal received: finishing this evaluation, then exiting" in log and "evald stopped" in log
     assert "Traceback" not in log
     # the evaluation under way was finished and recorded; the next one was not started
     assert _steps(ckpt, "evaluated") == [10, 20] and _steps(ckpt, "queued") == [30]
@@ -67,7 +67,7 @@ def test_second_signal_abandons_the_evaluation_and_a_restart_redoes_it(tmp_path,
     assert evald.wait(60) == 1, evald.output()[-3000:]
     exit_s = time.time() - forced
     log = evald.output()
-    assert "forced exit: current evaluation abandoned" in log and "evald stopped" in log
+    assert "forced exit: the evaluation under way was abandoned" in log and "evald stopped" in log
     row = faults.ledger_by_key(ckpt)[layout.step_dir_name(10)]
     assert row["state"] == "queued" and "interrupted by a forced shutdown" in row["reason"], row
     assert raw_scalar_steps(ckpt / "evald", "eval/loss") == []

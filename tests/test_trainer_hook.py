@@ -3,7 +3,7 @@ it never waits for a write, never raises into the loop, and copies (not views) t
 
 from __future__ import annotations
 
-
+import logging
 import time
 
 import numpy as np
@@ -58,12 +58,19 @@ def test_nothing_raises_into_the_training_loop(tmp_path, hook_env):
     hook.train_end(1)
 
 
-def test_unwritable_checkpoint_dir_is_recorded_not_raised(tmp_path, hook_env):
+def test_unwritable_checkpoint_dir_is_recorded_not_raised(tmp_path, hook_env, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the checkpoint directory should be")
-    hook = EvaldHook(blocker / "ckpt", every_n_steps=1, network=nn.Dense(2, 2))
-    assert hook.step_end(1) is False
-    hook.train_end(1)  # must not raise either
+    with caplog.at_level(logging.ERROR, logger="trainer_hooks"):
+        hook = EvaldHook(blocker / "ckpt", every_n_steps=1, network=nn.Dense(2, 2))
+    # the failure is counted and said, with the cause, and the hook then stays out of the way
+    assert hook.errors == 1 and hook.writer is None
+    assert "evald hook set-up failed; training continues without evald" in caplog.text
+    assert "NotADirectoryError" in caplog.text or "FileExistsError" in caplog.text
+    assert [hook.step_end(step) for step in (1, 2, 3)] == [False, False, False]
+    hook.train_end(3)  # must not raise either
+    stats = hook.stats()
+    assert stats["hook_errors"] == 1 and stats["snapshots_written"] == 0 and not blocker.is_dir()
 
 
 def test_repeated_step_keeps_the_first_checkpoint(tmp_path, hook_env):
@@ -111,7 +118,7 @@ def test_optimizer_state_is_not_in_the_snapshot():
 def test_callback_without_network_snapshots_weights_that_fit_the_bare_network(tmp_path, hook_env):
     from mindspore.train import Model
 
-    from evald.checkpoints import match_names
+    from evald.weights import match_names
     from examples.tiny_lm import data, model
     from trainer_hooks import EvaldCallback, TrainStepWithGradNorm
 

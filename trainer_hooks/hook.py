@@ -153,6 +153,7 @@ class EvaldHook:
                     total_steps=total_steps, every_n_steps=self.every_n_steps,
                     world_size=self.world_size, control_endpoint=self.control_endpoint,
                 )
+                layout.remove_run_end(self.ckpt_dir)  # a previous run's end is not this run's
                 layout.write_run_file(self.ckpt_dir, announcement.encode().decode())
                 self.notifier.send(announcement)
             if obey_stop:
@@ -288,9 +289,11 @@ class EvaldHook:
                 batch = self.telemetry.flush()
                 if batch:
                     self.notifier.send(TrainMetrics(run_id=self.run_id, records=tuple(batch)))
-                self.notifier.send(RunFinished(run_id=self.run_id, ckpt_dir=str(self.ckpt_dir),
-                                               final_step=final_step,
-                                               reason=reason or self.stop_reason or "completed"))
+                finished = RunFinished(run_id=self.run_id, ckpt_dir=str(self.ckpt_dir), final_step=final_step,
+                                       reason=reason or self.stop_reason or "completed")
+                # On disk first: an evald that misses the message (down, late, elsewhere) reads the file.
+                layout.write_run_end(self.ckpt_dir, finished.encode().decode())
+                self.notifier.send(finished)
                 self.notifier.close()
         except Exception:
             self.errors += 1

@@ -42,6 +42,7 @@ import numpy as np
 
 LAYOUT_VERSION = 1
 RUN_FILE = "RUN.json"
+RUN_END_FILE = "RUN_END.json"
 MANIFEST_FILE = "MANIFEST.json"
 WEIGHTS_FILE = "weights.safetensors"
 EVALD_SUBDIR = "evald"
@@ -335,11 +336,26 @@ def write_run_file(ckpt_dir: Path, announcement_json: str) -> Path:
     return path
 
 
-def read_run_file(ckpt_dir: Path) -> str | None:
+def read_run_file(ckpt_dir: Path, name: str = RUN_FILE) -> str | None:
     try:
-        return (Path(ckpt_dir) / RUN_FILE).read_text(encoding="utf-8")
+        return (Path(ckpt_dir) / name).read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+
+
+# The end of a run, recorded by the trainer next to its checkpoints (the run_finished message
+# JSON), so an evald that missed the message still learns that the run is over.
+
+def write_run_end(ckpt_dir: Path, run_finished_json: str) -> Path:
+    path = Path(ckpt_dir) / RUN_END_FILE
+    atomic_write_text(path, run_finished_json)
+    return path
+
+
+def remove_run_end(ckpt_dir: Path) -> None:
+    """A run starting in a directory clears the end of the previous run there."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(Path(ckpt_dir) / RUN_END_FILE)
 
 
 # ---------------------------------------------------------------- best pointer

@@ -1,31 +1,36 @@
-"""TensorBoard output with exactly one point per step, even across crashes and restarts.
+"""TensorBoard output with exactly one record per step and stream, even across crashes.
 
-tensorboardX's ``SummaryWriter`` queues events in memory and a SIGKILL loses
-them, while its ``flush()`` does not drain the queue. So evald writes with
-tensorboardX's synchronous ``EventsWriter`` instead, and puts all values of one
-evaluation into ONE event record, fsynced before the ledger marks the
-checkpoint evaluated. A record is either wholly on disk or (torn by a crash)
-rejected by its CRC, so a step is never half-written. On start-up
-``steps_on_disk`` reads the existing event files back, so a checkpoint whose
-points reached disk just before a crash is recognised instead of written
-twice. Every process writes its own file (unique suffix), never appending to
-another's.
+The ledger's outbox (``records``) holds every record evald has decided to write,
+committed with the state change it reports. This sink writes pending records with
+tensorboardX's synchronous ``EventsWriter`` (tensorboardX's ``SummaryWriter`` queues
+in memory and a SIGKILL loses the queue), ONE event per record, fsynced, then marks
+them written. A kill between the fsync and the mark leaves a record pending that is
+already on disk: at start-up, pending records are looked up in the event files with
+TensorBoard's own raw loader (a torn last record fails its CRC and does not count),
+and only the missing ones are written. Each evald process writes its own file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2, summary_pb2
 from tensorboardX.summary import scalar as scalar_summary
 from tensorboardX.summary import text as text_summary
 
+from evald.ledger import Ledger, Record
+
+log = logging.getLogger("evald.tensorboard")
+
 
 class EventLog:
+    """One event file of this process; each ``write`` is one fsynced record."""
+
     def __init__(self, logdir: Path) -> None:
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
@@ -36,10 +41,9 @@ class EventLog:
 
     def write(self, step: int, wall_time: float, scalars: Mapping[str, float] | None = None,
               texts: Mapping[str, str] | None = None) -> None:
-        """One durable record holding every value for ``step``."""
         values = []
         for tag, value in (scalars or {}).items():
-            values.extend(scalar_summary(tag, float(value)).value)
+            values.extend(scalar_summary(tag, float(value)).value)  # NaN and inf are legal values
         for tag, content in (texts or {}).items():
             values.extend(text_summary(tag, content).value)
         if not values:
@@ -52,24 +56,54 @@ class EventLog:
         self._writer.close()
 
 
-def steps_on_disk(logdir: Path, tag: str) -> dict[int, dict[str, float]]:
-    """``{step: {tag: value}}`` for every event in ``logdir``'s files that holds ``tag``.
+class TensorBoardSink:
+    def __init__(self, logdir: Path, ledger: Ledger) -> None:
+        self.logdir = Path(logdir)
+        self.ledger = ledger
+        self._log = EventLog(self.logdir)
+        self._reconcile()
 
-    Read with TensorBoard's own raw loader (no reservoir sampling, no purge
-    logic), tolerating a torn last record.
-    """
+    def _reconcile(self) -> None:
+        pending = self.ledger.pending_records()
+        if not pending:
+            return
+        on_disk = tags_on_disk(self.logdir, {r.step for r in pending})
+        already = [r.id for r in pending if _tags(r) <= on_disk.get(r.step, set())]
+        if already:
+            log.info("%d TensorBoard record(s) reached disk just before evald stopped; not written again",
+                     len(already))
+            self.ledger.mark_written([i for i in already if i is not None])
+
+    def drain(self) -> int:
+        """Write every pending record; returns how many."""
+        pending = self.ledger.pending_records()
+        for record in pending:
+            self._log.write(record.step, record.wall_time, record.scalars, record.texts)
+            self.ledger.mark_written([record.id])  # type: ignore[list-item]
+        return len(pending)
+
+    def close(self) -> None:
+        self._log.close()
+
+
+def _tags(record: Record) -> set[str]:
+    return set(record.scalars) | set(record.texts)
+
+
+def tags_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> dict[int, set[str]]:
+    """``{step: tags}`` of every record in ``logdir``'s event files (only ``steps`` when given)."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
 
-    found: dict[int, dict[str, float]] = {}
+    wanted = None if steps is None else set(steps)
+    found: dict[int, set[str]] = {}
     for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
         try:
             for raw in RawEventFileLoader(str(path)).Load():
                 event = event_pb2.Event.FromString(raw)
-                if not event.HasField("summary"):
+                if not event.HasField("summary") or (wanted is not None and event.step not in wanted):
                     continue
-                tags = {v.tag: v.simple_value for v in event.summary.value if v.HasField("simple_value")}
-                if tag in tags:
-                    found[event.step] = tags
+                found.setdefault(event.step, set()).update(v.tag.removesuffix("/text_summary")
+                                                           for v in event.summary.value)
         except Exception:  # a torn tail: what was read before it stands
             continue
     return found

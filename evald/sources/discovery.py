@@ -21,7 +21,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 from watchdog.observers.polling import PollingObserver
 
-from evald.mounts import filesystem_type, needs_polling
+from evald.sources.mounts import filesystem_type, needs_polling
 
 log = logging.getLogger("evald.discovery")
 

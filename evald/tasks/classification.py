@@ -13,6 +13,7 @@ import numpy as np
 from mindspore import nn
 
 from evald.subset import Batch
+from evald.tasks import DataShapeError, EvaluationInterrupted, ShouldAbort, describe_item, never
 
 
 class ClassifierEvalCell(nn.Cell):
@@ -33,7 +34,19 @@ class ClassificationTask:
     def build_cell(self, network: nn.Cell) -> nn.Cell:
         return ClassifierEvalCell(network)
 
-    def evaluate(self, cell: nn.Cell, batches: Sequence[Batch]) -> dict[str, float]:
+    @staticmethod
+    def check_item(item: Any) -> None:
+        """Each item must be a (features, integer label) pair."""
+        ok = isinstance(item, (tuple, list)) and len(item) == 2
+        if ok:
+            label = np.asarray(item[1])
+            ok = label.ndim == 0 and np.issubdtype(label.dtype, np.integer)
+        if not ok:
+            raise DataShapeError(f"the classification task expects each validation item to be a (features, "
+                                 f"integer label) pair; got {describe_item(item)}")
+
+    def evaluate(self, cell: nn.Cell, batches: Sequence[Batch], should_abort: ShouldAbort = never
+                 ) -> dict[str, float]:
         import mindspore as ms
 
         from evald.metrics.classification import classification_metrics
@@ -42,6 +55,8 @@ class ClassificationTask:
         for plugin in self.plugins:
             plugin.metric.clear()
         for batch in batches:
+            if should_abort():
+                raise EvaluationInterrupted()
             features, labels = batch.arrays[0], batch.arrays[1]
             logits = cell(ms.Tensor(features)).asnumpy().astype(np.float64)
             real = batch.weights > 0

@@ -19,6 +19,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from evald.metrics.sample_quality import sample_quality_report
+from evald.tasks import EvaluationInterrupted, ShouldAbort, never
 
 
 class NextTokenLogits(nn.Cell):
@@ -54,7 +55,7 @@ class SampleGenerator:
         self.cell = NextTokenLogits(network)
         self.cell.set_train(False)
 
-    def run(self) -> tuple[dict[str, float], dict[str, str]]:
+    def run(self, should_abort: ShouldAbort = never) -> tuple[dict[str, float], dict[str, str]]:
         import mindspore as ms
 
         assert self.cell is not None and self.prompts is not None
@@ -67,9 +68,15 @@ class SampleGenerator:
             buffer = np.zeros((count, prompt_len + self.new_tokens), dtype=np.int32)
             buffer[:, :prompt_len] = self.prompts
             for position in range(prompt_len, prompt_len + self.new_tokens):
+                if should_abort():
+                    raise EvaluationInterrupted()
                 logits = self.cell(ms.Tensor(buffer), ms.Tensor(np.array([position - 1], np.int32)))
                 logits = logits.asnumpy().astype(np.float64)
                 vocab = logits.shape[-1]
+                if not np.isfinite(logits).all():
+                    # Non-finite weights: no continuation to judge. The loss already says why.
+                    return self._nonfinite_report(), {f"sample/{m}": "(non-finite logits: no sample)"
+                                                      for m in ("greedy", "sampled")}
                 buffer[:, position] = (logits.argmax(-1) if mode == "greedy"
                                        else [self._sample(row, rng) for row in logits])
             continuations = buffer[:, prompt_len:]
@@ -79,6 +86,11 @@ class SampleGenerator:
                      zip(self.prompts[: self.samples_in_tensorboard], continuations)]
             texts[f"sample/{mode}"] = "\n\n".join(shown)
         return metrics, texts
+
+    @staticmethod
+    def _nonfinite_report() -> dict[str, float]:
+        keys = sample_quality_report([[0, 1]], [[0, 1]], 2)
+        return {f"sample/{mode}/{k}": float("nan") for mode in ("greedy", "sampled") for k in keys}
 
     def _sample(self, logits: np.ndarray, rng: np.random.Generator) -> int:
         order = np.argsort(-logits)[: max(1, self.top_k)]

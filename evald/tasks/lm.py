@@ -17,6 +17,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from evald.subset import Batch
+from evald.tasks import DataShapeError, EvaluationInterrupted, ShouldAbort, describe_item, never
 
 
 class LMEvalCell(nn.Cell):
@@ -44,13 +45,29 @@ class LanguageModelTask:
     def build_cell(self, network: nn.Cell) -> nn.Cell:
         return LMEvalCell(network)
 
-    def evaluate(self, cell: nn.Cell, batches: Sequence[Batch]) -> dict[str, float]:
+    @staticmethod
+    def check_item(item: Any) -> None:
+        """Each item must be ONE row of T+1 integer token ids (inputs w[:-1], targets w[1:])."""
+        if isinstance(item, (tuple, list)) and len(item) == 1:
+            item = item[0]
+        array = None if isinstance(item, (tuple, list, dict)) else np.asarray(item)
+        if array is None or array.ndim != 1 or array.shape[0] < 2 or not np.issubdtype(array.dtype, np.integer):
+            hint = (" (that looks like (inputs, labels) pairs: return windows of T+1 ids, w[:-1] being the "
+                    "inputs and w[1:] the targets, or use --task classification)"
+                    if isinstance(item, (tuple, list)) and len(item) == 2 else "")
+            raise DataShapeError(f"the lm task expects each validation item to be one row of T+1 integer token "
+                                 f"ids; got {describe_item(item)}{hint}")
+
+    def evaluate(self, cell: nn.Cell, batches: Sequence[Batch], should_abort: ShouldAbort = never
+                 ) -> dict[str, float]:
         import mindspore as ms
 
         nll_sum = correct_sum = token_count = 0.0
         for plugin in self.plugins:
             plugin.metric.clear()
         for batch in batches:
+            if should_abort():
+                raise EvaluationInterrupted()
             (window,) = batch.arrays
             nll, correct = cell(ms.Tensor(window.astype(np.int32)))
             nll = nll.asnumpy().astype(np.float64)

@@ -1,0 +1,141 @@
+"""One turn of the work loop: pick a step, evaluate it, commit the result and its decisions.
+
+The lag policy picks the step (its skips committed with the pick), the pipeline
+evaluates it, and ONE ledger transaction records the outcome, the TensorBoard record
+that reports it (metrics, decision, alerts, advice) and the decision state. The sinks
+then write what was committed. So a crash at any point leaves the ledger on one side
+of the change; nothing is decided or written twice (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from evald.decisions import Decisions, Outcome
+from evald.lag_policy import decide
+from evald.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
+from evald.pipeline import Evaluated, Failed, Pipeline, Retry
+from evald.tasks import EvaluationInterrupted
+
+log = logging.getLogger("evald")
+
+
+class SystemicFailure(RuntimeError):
+    """Evaluations keep raising unexpectedly, whatever the checkpoint: a bug or a broken set-up."""
+
+
+@dataclass
+class Counters:
+    evaluated: int = 0              # by this process
+    unexpected_in_a_row: int = 0
+    bad_messages: int = 0
+    ignored_messages: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an evaluation needs to know about the run besides the checkpoint."""
+
+    ckpt_dir: object
+    lag_policy: str
+    final_step: int | None
+    newest_step: int
+    every_n_steps: int | None
+    max_attempts: int
+    subset_text: str
+
+
+def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx: Context,
+                  counters: Counters) -> tuple[Step, Outcome | None] | None:
+    """Evaluate (or skip) what the lag policy picks; None when there was nothing to do.
+
+    Returns the step row and, when it was evaluated, the decisions' Outcome.
+    Raises EvaluationInterrupted (the step is queued again) and SystemicFailure.
+    """
+    queued = ledger.steps(QUEUED)
+    if not queued:
+        return None
+    choice = decide(ctx.lag_policy, [row.step for row in queued], final_step=ctx.final_step)
+    for step, reason in choice.skip:
+        log.info("skipped step %d: %s", step, reason)
+    if choice.evaluate is None:
+        ledger.skip(choice.skip)
+        return None
+    ledger.start(choice.evaluate, choice.skip)
+    row = ledger.step(choice.evaluate)
+    assert row is not None
+    try:
+        result = pipeline.evaluate(ctx.ckpt_dir, row)  # type: ignore[arg-type]
+    except EvaluationInterrupted:
+        ledger.requeue(row.step, "interrupted by a forced shutdown; evaluated again at the next start")
+        raise
+    depth = len(queued) - 1 - len(choice.skip)
+    if isinstance(result, Evaluated):
+        counters.unexpected_in_a_row = 0
+        counters.evaluated += 1
+        return row, _commit_evaluation(ledger, decisions, ctx, counters, row, result, depth)
+    if isinstance(result, Failed):
+        _commit_failure(ledger, row, result.state, result.reason)
+        return row, None
+    return row, _unexpected(ledger, ctx, counters, row, result)
+
+
+def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, counters: Counters, row: Step,
+                       evaluated: Evaluated, queue_depth: int) -> Outcome:
+    result = evaluated.result
+    now = time.time()
+    newest = max(ctx.newest_step, row.step)
+    outcome = decisions.observe_eval(row.step, result.metrics, newest_step=newest,
+                                     every_n_steps=ctx.every_n_steps)
+    counts = ledger.counts()
+    scalars = dict(result.metrics)
+    scalars.update({
+        "evald/load_s": result.load_s,
+        "evald/evaluate_s": result.evaluate_s,
+        "evald/lag_steps": float(newest - row.step),
+        "evald/lag_s": max(0.0, now - (row.commit_time or now)),
+        "evald/queue_depth": float(max(0, queue_depth)),
+        "evald/skipped_total": float(counts.get(SKIPPED, 0)),
+        "evald/failed_total": float(counts.get(FAILED, 0) + counts.get(DELETED, 0)),
+        "evald/bad_messages_total": float(counters.bad_messages),
+    })
+    texts = {**result.texts, **outcome.texts(), "evald/subset": ctx.subset_text}
+    record = Record("eval", row.step, row.commit_time or now, scalars, texts)
+    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record,
+                  kv={"decisions": decisions.state_dict()})
+    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}" for k, v in result.metrics.items() if k.startswith("eval/"))
+    log.info("step %d: %s | load %.3fs evaluate %.3fs, %.1fs after commit | lag %d steps, queue %d, "
+             "skipped %d, failed %d | %s", row.step, shown, result.load_s, result.evaluate_s,
+             scalars["evald/lag_s"], scalars["evald/lag_steps"], queue_depth, scalars["evald/skipped_total"],
+             scalars["evald/failed_total"], texts["evald/decision"])
+    if outcome.stop_at_step is not None:
+        log.warning("early stop: %s -> training stops at step %d", outcome.reason, outcome.stop_at_step)
+    if outcome.advice:
+        log.warning("learning-rate advice at step %d: %s", row.step, outcome.advice["reason"])
+    return outcome
+
+
+def _commit_failure(ledger: Ledger, row: Step, state: str, reason: str) -> None:
+    ledger.finish(row.step, state, reason=reason,
+                  record=Record("eval", row.step, time.time(), {}, {f"evald/{state}": f"{row.source}: {reason}"}))
+    log.error("step %d (%s) not evaluated (%s): %s", row.step, row.source, state, reason)
+
+
+def _unexpected(ledger: Ledger, ctx: Context, counters: Counters, row: Step, retry: Retry) -> None:
+    counters.unexpected_in_a_row += 1
+    if row.attempts >= ctx.max_attempts and counters.evaluated > 0:
+        # Other checkpoints evaluate fine: this one is the problem.
+        _commit_failure(ledger, row, FAILED, f"{retry.reason} on each of {row.attempts} attempts")
+        return None
+    ledger.requeue(row.step, f"attempt {row.attempts} raised unexpectedly: {retry.reason}")
+    log.error("step %d: attempt %d raised unexpectedly (%s); it stays queued and will be tried again. "
+              "This is not a verdict on the checkpoint: if it repeats, it is a bug or a set-up problem",
+              row.step, row.attempts, retry.reason)
+    if counters.unexpected_in_a_row >= ctx.max_attempts:
+        raise SystemicFailure(f"{counters.unexpected_in_a_row} evaluations in a row raised unexpectedly (last: "
+                              f"{retry.reason}); every checkpoint stays queued. Fix the cause (see the traceback "
+                              f"above) and start evald again")
+    return None

@@ -1,0 +1,280 @@
+"""Everything evald does for the one checkpoint directory it serves.
+
+Data flow (docs/architecture.md)::
+
+    sources (receiver, discovery) --events--> Run.handle
+        files    -> intake (ledger rows, lag policy)
+        messages -> announcement (config), train stream (health, TensorBoard), run end
+    Run.work  -> evaluation.evaluate_next: pipeline (load, verify, evaluate)
+                 -> decisions -> one ledger transaction
+    Run.tick  -> sinks: TensorBoard (the ledger's outbox), control channel, best pointer
+
+The directory is the truth: the trainer's RUN.json names the run and its factories and
+RUN_END.json says it finished. Messages only ring the bell: one for another directory
+or another run is counted and ignored, and never changes what evald serves.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+from evald import evaluation
+from evald.config import ConfigError, ResolvedConfig, with_announcement
+from evald.contracts import layout
+from evald.contracts.wire import (CheckpointCommitted, Message, ProtocolError, RunAnnounced, RunFinished,
+                                  TrainMetrics, announcement_from_json, decode)
+from evald.decisions import Decisions
+from evald.intake import Intake
+from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
+from evald.pipeline import Pipeline
+from evald.sinks.best_pointer import write_best_pointer
+from evald.sinks.tensorboard import TensorBoardSink
+from evald.sources.discovery import RESCAN, WATCHDOG, Discovery
+from evald.sources.receiver import BAD_MESSAGE, ZMQ
+from evald.train_stream import TrainStream
+
+log = logging.getLogger("evald")
+
+FINAL_CHECKPOINT_GRACE_S = 60.0
+BLOCKED_REMINDER_S = 60.0
+
+
+class Run:
+    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, logdir: Path, *, control: Any,
+                 events: "queue.Queue[tuple[str, Any]]", pipeline: Pipeline) -> None:
+        self.operator = resolved              # what the operator configured
+        self.resolved = resolved              # ... merged with the trainer's announcement
+        self.ckpt_dir, self.logdir, self.control = ckpt_dir, logdir, control
+        self.counters = evaluation.Counters()
+        self.ledger = Ledger(logdir / "ledger.sqlite")
+        self.ledger.recover_interrupted(self.config.tuning.max_attempts)
+        self.decisions = Decisions(self.config)
+        self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
+        self.tensorboard = TensorBoardSink(logdir, self.ledger)
+        self.intake = Intake(ckpt_dir, self.ledger, self.config)
+        self.train = TrainStream(self.ledger, self.decisions)
+        self.pipeline = pipeline
+        self.announcement: RunAnnounced | None = None
+        self.run_end: RunFinished | None = None
+        self._end_learned_at = 0.0
+        self._blocked_said_at = 0.0
+        self._last_rescan = time.monotonic()
+        self.discovery = Discovery(ckpt_dir, events, watch=self.config.tuning.watch,
+                                   polling_interval_s=self.config.tuning.polling_interval_s)
+        self._read_announcement()
+        self._read_run_end()
+        self.discovery.start()
+        self.discovery.rescan()
+        self._publish()
+        self._write_best_pointer()
+        log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", ckpt_dir,
+                 self.run_id, logdir)
+
+    @property
+    def config(self):
+        return self.resolved.config
+
+    @property
+    def run_id(self) -> str | None:
+        return self.announcement.run_id if self.announcement else None
+
+    # ------------------------------------------------------------ events
+
+    def handle(self, source: str, item: Any) -> bool:
+        """One event; True when it was news (a message for this run, or an entry not seen before)."""
+        if source == ZMQ:
+            return self._message(item)
+        if source in (WATCHDOG, RESCAN):
+            return self._path(Path(item), source)
+        if source == BAD_MESSAGE:
+            self.counters.bad_messages += 1
+        return False
+
+    def _path(self, path: Path, found_via: str) -> bool:
+        if path.parent != self.ckpt_dir:
+            return False
+        if path.name == layout.RUN_FILE:
+            return self._read_announcement()
+        if path.name == layout.RUN_END_FILE:
+            return self._read_run_end()
+        return self.intake.found(path.name, found_via)
+
+    def _message(self, message: Message) -> bool:
+        ckpt_dir = getattr(message, "ckpt_dir", None)
+        if ckpt_dir is not None and Path(ckpt_dir).resolve() != self.ckpt_dir:
+            return self._ignore(message, f"it is for {ckpt_dir}, and this evald serves {self.ckpt_dir}")
+        if message.run_id != self.run_id:
+            self._read_announcement()  # a new run announces itself in RUN.json before any message
+            if message.run_id != self.run_id:
+                return self._ignore(message, f"run {message.run_id!r} is not the run in "
+                                             f"{self.ckpt_dir / layout.RUN_FILE} ({self.run_id!r})")
+        if isinstance(message, CheckpointCommitted):
+            self.intake.found(message.path, ZMQ)
+        elif isinstance(message, TrainMetrics):
+            newest = self.train.add(message)
+            if newest is not None:
+                self.intake.newest_step = max(self.intake.newest_step, newest)
+        elif isinstance(message, RunFinished):
+            self._read_run_end()  # the file says the same, and is what a restarted evald reads
+            self._end(message, "the run_finished message")
+        return True
+
+    def _ignore(self, message: Message, why: str) -> bool:
+        self.counters.ignored_messages += 1
+        log.warning("ignored a %s message: %s (%d ignored so far)", message.TYPE, why, self.counters.ignored_messages)
+        return False
+
+    def _read_announcement(self) -> bool:
+        text = layout.read_run_file(self.ckpt_dir)
+        if text is None:
+            return False
+        where = f"run announcement {self.ckpt_dir / layout.RUN_FILE}"
+        try:
+            message = announcement_from_json(text)
+            announced = {"task": message.task, "app_dir": None}
+            for which in ("model", "data"):
+                spec = getattr(message, f"{which}_factory")
+                if spec is not None:
+                    announced.update({f"{which}_factory": spec.target, f"{which}_kwargs": dict(spec.kwargs)})
+                    announced["app_dir"] = announced["app_dir"] or spec.search_path
+            resolved = with_announcement(self.operator, announced, where)
+        except (ProtocolError, ConfigError) as exc:
+            log.error("%s is not usable: %s", where, exc)
+            return False
+        news = self.announcement is None or message != self.announcement
+        if self.announcement is None or message.run_id != self.announcement.run_id:
+            log.info("run %s announced in %s (task %s, %s steps, a checkpoint every %s)", message.run_id,
+                     self.ckpt_dir, message.task, message.total_steps, message.every_n_steps)
+            self.decisions.begin_run(message.run_id)
+        self.announcement, self.resolved = message, resolved
+        return news
+
+    def _read_run_end(self) -> bool:
+        text = layout.read_run_file(self.ckpt_dir, layout.RUN_END_FILE)
+        if text is None:
+            return False
+        try:
+            message = decode(text.encode())
+        except ProtocolError as exc:
+            log.error("%s is not usable: %s", self.ckpt_dir / layout.RUN_END_FILE, exc)
+            return False
+        if isinstance(message, RunFinished) and message.run_id == self.run_id:
+            return self._end(message, str(self.ckpt_dir / layout.RUN_END_FILE))
+        return False
+
+    def _end(self, message: RunFinished, where: str) -> bool:
+        if self.run_end is not None:
+            return False
+        self.run_end, self._end_learned_at = message, time.monotonic()
+        self.intake.final_step = message.final_step
+        log.info("run %s finished at step %d (%s), learned from %s", message.run_id, message.final_step,
+                 message.reason, where)
+        self.discovery.rescan()  # the final checkpoint may have landed without an event
+        return True
+
+    # ------------------------------------------------------------ ticks and work
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.control is not None:
+            self.control.tick()
+        if now - self._last_rescan >= self.config.tuning.rescan_interval_s:
+            self._last_rescan = now
+            self.discovery.rescan()
+        self.intake.recheck_settled()
+        self.tensorboard.drain()
+
+    def prepare(self) -> bool:
+        """Build the evaluation network if its factories are known; False while it cannot be."""
+        was_ready = self.pipeline.evaluator is not None
+        ready = self.pipeline.ensure_built(self.config)
+        if ready and not was_ready:
+            subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
+            layout.atomic_write_text(self.logdir / "subset.json", subset.to_json())
+        return ready
+
+    def work(self) -> bool:
+        """Evaluate or skip one queued step; True if something was done."""
+        if not self.ledger.steps(QUEUED):
+            return False
+        if not self.prepare():
+            if time.monotonic() - self._blocked_said_at > BLOCKED_REMINDER_S:
+                self._blocked_said_at = time.monotonic()
+                log.error("%d checkpoint(s) waiting, none can be evaluated: %s", len(self.ledger.steps(QUEUED)),
+                          self.pipeline.blocked_reason)
+            return False
+        subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
+        ctx = evaluation.Context(self.ckpt_dir, self.config.lag_policy, self.intake.final_step,
+                                 self.intake.newest_step, self.announcement.every_n_steps if self.announcement
+                                 else None, self.config.tuning.max_attempts, subset.describe())
+        done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
+        self.tensorboard.drain()
+        if done is not None and done[1] is not None:
+            if done[1].improved:
+                self._write_best_pointer()
+            self._publish()
+        return True
+
+    @property
+    def blocked(self) -> bool:
+        """Checkpoints wait but cannot be evaluated (no or broken factories)."""
+        return bool(self.ledger.steps(QUEUED)) and self.pipeline.evaluator is None
+
+    def complete(self) -> bool:
+        """The run has finished and every one of its checkpoints has been dealt with."""
+        if self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling:
+            return False
+        final = self.ledger.step(self.run_end.final_step)
+        if final is not None and final.state in FINAL_STATES:
+            return True
+        if time.monotonic() - self._end_learned_at > FINAL_CHECKPOINT_GRACE_S:
+            log.warning("the final checkpoint (step %d) never appeared in %s; ending anyway",
+                        self.run_end.final_step, self.ckpt_dir)
+            return True
+        return False
+
+    def finish(self) -> None:
+        """Write the run summary once per run end (a restart does not write it again)."""
+        assert self.run_end is not None
+        if self.ledger.get_state("summarised") == [self.run_id, self.run_end.final_step]:
+            return
+        summary = {"run_id": self.run_id, "final_step": self.run_end.final_step,
+                   "training_end_reason": self.run_end.reason, "monitor": self.config.monitor,
+                   "best_step": self.decisions.best_step, "best_value": self.decisions.best_value,
+                   "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts()}
+        self.decisions.finish(summary)
+        layout.atomic_write_text(self.logdir / "summary.json", json.dumps(summary, indent=1))
+        self.ledger.add_records([Record("summary", self.run_end.final_step, time.time(), {},
+                                        {"evald/summary": json.dumps(summary)})],
+                                kv={"decisions": self.decisions.state_dict(),
+                                    "summarised": [self.run_id, self.run_end.final_step]})
+        self.tensorboard.drain()
+        self._publish()
+        log.info("run complete: %s", json.dumps(summary))
+
+    # ------------------------------------------------------------ sinks
+
+    def _publish(self) -> None:
+        state = self.decisions.control_state()
+        if self.control is not None and state is not None:
+            self.control.update(state)
+
+    def _write_best_pointer(self) -> None:
+        best = self.decisions.best_step
+        row = self.ledger.step(best) if best is not None else None
+        if row is not None:
+            write_best_pointer(self.logdir, best, row.source, self.config.monitor, self.decisions.best_value)
+
+    def close(self) -> None:
+        for name, closer in (("watcher", self.discovery.stop), ("events", self.tensorboard.close),
+                             ("ledger", self.ledger.close)):
+            try:
+                closer()
+            except Exception:
+                log.exception("closing the %s failed during shutdown", name)
+

@@ -1,0 +1,1 @@
+"""Where results go: TensorBoard records, the control channel, the best-checkpoint pointer."""

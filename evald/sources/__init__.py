@@ -1,0 +1,1 @@
+"""Where events come from: the notification socket (receiver) and the directory (discovery)."""

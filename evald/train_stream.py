@@ -1,0 +1,48 @@
+"""Training-health scalars from the trainer: alerts, the train-loss trend, TensorBoard points.
+
+Each ``train_metrics`` message becomes TensorBoard records (one per training step,
+tags ``train/<name>``, alerts as ``health/<rule>`` texts in the same record) and the
+health state that produced them, committed in one ledger transaction. A step at or
+below the newest one already recorded for this run is dropped, so a duplicate or a
+replay after a restart is never written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from evald.contracts.wire import TrainMetrics, decode_scalar
+from evald.decisions import Decisions
+from evald.ledger import Ledger, Record
+
+log = logging.getLogger("evald.train")
+
+
+class TrainStream:
+    def __init__(self, ledger: Ledger, decisions: Decisions) -> None:
+        self.ledger = ledger
+        self.decisions = decisions
+        state = ledger.get_state("train_stream", {})
+        self.run_id: str | None = state.get("run_id")
+        self.last_step: int = int(state.get("last_step", -1))
+
+    def add(self, message: TrainMetrics) -> int | None:
+        """Record a batch of training scalars; returns the newest step it held, if any."""
+        if message.run_id != self.run_id:
+            self.run_id, self.last_step = message.run_id, -1
+        records = []
+        for raw in message.records:
+            step = int(raw["step"])
+            if step <= self.last_step:
+                continue
+            scalars = {str(k): decode_scalar(v) for k, v in dict(raw.get("scalars") or {}).items()}
+            scalars = {k: v for k, v in scalars.items() if v is not None}
+            alerts = self.decisions.observe_train(step, scalars)
+            records.append(Record("train", step, float(raw["wall_time"]),
+                                  {f"train/{k}": v for k, v in scalars.items()}, alerts))
+            self.last_step = step
+        if not records:
+            return None
+        self.ledger.add_records(records, kv={"decisions": self.decisions.state_dict(),
+                                             "train_stream": {"run_id": self.run_id, "last_step": self.last_step}})
+        return self.last_step

@@ -1,0 +1,98 @@
+"""Reading a checkpoint's weights into host arrays, and fitting them to the network's names.
+
+evald-layout checkpoints are verified against their manifest (sizes, hash) before
+any value is used; foreign files are read with MindSpore's own loader. Every problem
+is a CheckpointError whose message is recorded in the ledger.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from evald.checkpoints import FOREIGN, CheckpointDeleted, CheckpointError
+from evald.contracts import layout
+
+
+def load_weights(path: Path, kind: str) -> dict[str, np.ndarray]:
+    """Host arrays of the checkpoint at ``path``; CheckpointError says what is wrong with it."""
+    if not path.exists():
+        raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
+    if kind == FOREIGN:
+        return load_foreign(path)
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        manifest = layout.read_manifest(path)
+        weights_path = layout.verify_weights(path, manifest)
+    except layout.LayoutError as exc:
+        if not path.exists():
+            raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated") from exc
+        raise CheckpointError(str(exc)) from exc
+    try:
+        return load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{weights_path}: not a readable safetensors file ({exc})") from exc
+
+
+def load_foreign(path: Path, choice: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+    import mindspore as ms
+
+    fmt = "safetensors" if path.suffix == ".safetensors" else "ckpt"
+    try:
+        params = ms.load_checkpoint(str(path), format=fmt, choice_func=choice)
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise CheckpointError(f"{path.name}: MindSpore cannot read it ({str(exc).splitlines()[0][:300]}); "
+                              f"truncated, empty or corrupt") from exc
+    return {name: p.asnumpy() for name, p in params.items()}
+
+
+def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple], *, strict: bool
+                ) -> dict[str, np.ndarray]:
+    """Map checkpoint entries onto the network's parameter names, or raise naming every problem.
+
+    ``expected`` is ``{name: (shape, dtype)}``. Names match exactly or through
+    the one dotted prefix that covers the most parameters (the shortest on a
+    tie), never an optimizer moment such as ``adam_m.<prefix>.<name>``. With
+    ``strict`` (evald layout) every entry must match; otherwise (foreign files,
+    which hold optimizer state too) the others are dropped.
+    """
+    # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"),
+    # so "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry
+    # let the Adam second moments overwrite the real weight. A network's weights share ONE
+    # prefix (its path in the saved cell: "" for the bare network, "model." under a loss
+    # cell), so choose the prefix that covers the most parameters, the shortest on a tie:
+    # optimizer state always adds its own prefix on top, so the weights' prefix is shorter.
+    by_prefix: dict[str, dict[str, str]] = {}
+    for name in weights:
+        parts = name.split(".")
+        for i in range(len(parts)):
+            suffix = ".".join(parts[i:])
+            if suffix in expected:
+                by_prefix.setdefault(".".join(parts[:i]), {})[suffix] = name
+    best = min(by_prefix, key=lambda prefix: (-len(by_prefix[prefix]), len(prefix)), default=None)
+    chosen = by_prefix.get(best, {}) if best is not None else {}
+    matched = {target: weights[name] for target, name in chosen.items()}
+    unexpected = sorted(set(weights) - set(chosen.values()))
+    missing = sorted(set(expected) - set(matched))
+    mismatched = [f"{n}: checkpoint {tuple(a.shape)} vs network {tuple(expected[n][0])}"
+                  for n, a in matched.items() if tuple(a.shape) != tuple(expected[n][0])]
+    problems = []
+    if missing:
+        problems.append(f"missing parameters {_few(missing)}")
+    if strict and unexpected:
+        problems.append(f"unexpected parameters {_few(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatch {_few(mismatched)}")
+    if problems:
+        raise CheckpointError("checkpoint does not fit the evaluation network: " + "; ".join(problems)
+                              + " (was it saved from another model or model config?)")
+    return matched
+
+
+def _few(items: list[str], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    return f"[{shown}{', …' if len(items) > limit else ''}] ({len(items)})"
