@@ -34,7 +34,7 @@ MAX_SCALARS = 128  # scalars in one record
 
 NONFINITE_NAMES = ("nan", "inf", "-inf")
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1 (\x9b is a terminal CSI)
 # A JSON string with its escapes; possessive so that a frame full of quotes or backslashes stays linear.
 _JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
