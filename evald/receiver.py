@@ -186,9 +186,9 @@ class Receiver:
     def _drop(self, kind: str) -> None:
         self.dropped_by_type[kind] += 1
         self._throttle.log(logging.WARNING, f"drop:{kind}",
-                           "evald is behind: dropped a %s notice (%d so far; queue of %d full). "
-                           "Nothing is lost: rescans find checkpoints", kind, self.dropped_by_type[kind],
-                           self._out.maxsize)
+                           "evald's main loop is behind: dropped a %s notice (%d so far; queue at %d of %d). "
+                           "Only latency is lost: the directory rescan finds checkpoints", kind,
+                           self.dropped_by_type[kind], self._out.qsize(), self._out.maxsize)
 
     def _read_monitor(self) -> None:
         import zmq

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -197,3 +198,20 @@ def test_announcement_file_with_a_lone_surrogate_is_a_protocol_error():
     text = wire.RunAnnounced(run_id="r", ckpt_dir="/c").encode().decode().replace('"r"', '"\ud800"')
     with pytest.raises(wire.ProtocolError, match="not UTF-8"):
         wire.announcement_from_json(text)
+
+
+def test_stripping_strings_stays_linear_for_an_unterminated_string_of_escaped_quotes():
+    """A first version of the nesting check retried its string regex at every escaped quote: this
+    1 MiB frame took over 10 minutes. Run in a subprocess so a regression fails instead of hanging;
+    the bound is for liveness only (the linear check takes milliseconds)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from evald.contracts import wire\n"
+            "frame = ('{\"v\":1,\"type\":\"run_finished\",\"reason\":\"' + '[{\\\\\"' * 300000)[:1 << 20].encode()\n"
+            "try:\n    wire.decode(frame)\nexcept wire.ProtocolError as exc:\n    print(exc.reason)\n")
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(repo)})
+    assert done.stdout.strip() == "not_json", done.stderr

@@ -9,7 +9,6 @@ enough to exhaust the stack. The numbers are documented in docs/wire-protocol.md
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
@@ -35,12 +34,12 @@ MAX_SCALARS = 128  # scalars in one record
 NONFINITE_NAMES = ("nan", "inf", "-inf")
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # C0, DEL, C1 (\x9b is a terminal CSI)
-# A JSON string with its escapes; possessive so that a frame full of quotes or backslashes stays linear.
-_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"', re.DOTALL)
+# A JSON string with its escapes. Possessive, and an unterminated string runs to the end of the frame:
+# every attempt that starts at a quote matches, so stripping strings stays linear whatever the frame.
+_JSON_STRING = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)', re.DOTALL)
+_BRACKETS_TO_PARENS = bytes.maketrans(b"[{]}", b"(())")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_BRACKET_STEP = [0] * 256
-for _open, _close in (b"[]", b"{}"):
-    _BRACKET_STEP[_open], _BRACKET_STEP[_close] = 1, -1
+_NOT_QUOTES_BRACKETS = bytes(b for b in range(256) if b not in b'[]{}"\\')
 
 
 class ProtocolError(ValueError):
@@ -81,6 +80,9 @@ def _parse_int(literal: str) -> int | HugeInt:
     return int(literal) if len(literal) <= MAX_INT_DIGITS else HugeInt(len(literal.lstrip("-")))
 
 
+_DECODER = json.JSONDecoder(parse_int=_parse_int)  # shared, like json.loads' own default decoder
+
+
 def parse_frame(frame: bytes) -> Any:
     """UTF-8 JSON to Python, refusing deep nesting before the recursive parser sees it."""
     try:
@@ -88,24 +90,38 @@ def parse_frame(frame: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"frame is not UTF-8 ({exc.reason} at byte {exc.start}); "
                             f"first bytes {frame[:40]!r}", "not_json") from exc
-    depth = nesting_depth(frame)
-    if depth > MAX_DEPTH:
-        raise ProtocolError(f"frame nests JSON {depth} levels deep; at most {MAX_DEPTH} are allowed",
-                            "too_deep")
+    check_nesting(frame)
     try:
-        return json.loads(text, parse_int=_parse_int)
-    except RecursionError as exc:  # unreachable after nesting_depth; kept so it can never escape
+        return _DECODER.decode(text)
+    except RecursionError as exc:  # unreachable after check_nesting; kept so it can never escape
         raise ProtocolError("frame nests JSON too deeply to parse", "too_deep") from exc
     except ValueError as exc:  # JSONDecodeError is a ValueError
         raise ProtocolError(f"frame is not JSON ({exc}); first bytes {frame[:40]!r}", "not_json") from exc
 
 
-def nesting_depth(frame: bytes) -> int:
-    """Upper bound of the JSON nesting depth of ``frame`` (exact for valid JSON), in linear time."""
+def check_nesting(frame: bytes) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH, in time linear in the frame (C-speed passes)."""
     if frame.count(b"[") + frame.count(b"{") <= MAX_DEPTH:
-        return MAX_DEPTH  # cannot be deeper than its number of openers
-    brackets = _JSON_STRING.sub(b"", frame).translate(None, _NOT_BRACKETS)
-    return max(itertools.accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
+        return  # cannot be deeper than its number of openers
+    # Common case at C speed: keep only quotes and brackets; with no escapes, dropping '""' (a string
+    # without brackets) keeps the quote parity of every bracket, so if no quote is left, none was in a string.
+    parens = frame.translate(_BRACKETS_TO_PARENS, _NOT_QUOTES_BRACKETS)
+    if b"\\" not in parens:
+        parens = parens.replace(b'""', b"")
+    if b'"' in parens or b"\\" in parens:  # escapes, or brackets inside strings: strip strings exactly
+        parens = _JSON_STRING.sub(b"", frame).translate(_BRACKETS_TO_PARENS, _NOT_BRACKETS)
+    for _ in range(MAX_DEPTH):  # each pass removes the innermost level of every group
+        shorter = parens.replace(b"()", b"")
+        if len(shorter) == len(parens):
+            break
+        parens = shorter
+    if not parens:
+        return
+    # What is left is either a pair around MAX_DEPTH removed levels, or unmatched brackets ")))(((".
+    if b"()" in parens or len(parens) - len(parens.rstrip(b"(")) > MAX_DEPTH:
+        raise ProtocolError(f"frame nests JSON more than {MAX_DEPTH} levels deep (the limit)", "too_deep")
+    raise ProtocolError(f"frame is not JSON: its brackets do not balance; first bytes {frame[:40]!r}",
+                        "not_json")
 
 
 def uint(value: Any, where: str) -> int:
@@ -200,31 +216,46 @@ def json_object(value: Any, where: str, depth: int = 0) -> Mapping[str, Any]:
 def records(value: Any, where: str) -> tuple[dict[str, Any], ...]:
     """train_metrics.records: [{step, wall_time, scalars: {name: number | "nan" | "inf" | "-inf"}}].
 
-    Returns new dicts holding exactly those three keys, so consumers see no surprises."""
+    Returns new dicts holding exactly those three keys, so consumers see no surprises. The
+    common case is checked inline (this runs for every batch of training scalars); anything
+    unusual goes through the general checks, which raise with the field's path."""
     if not isinstance(value, list):
         fail(where, f"must be a list of records, got {preview(value)}")
     if len(value) > MAX_RECORDS:
         fail(where, f"{len(value)} records exceed the limit of {MAX_RECORDS}")
+    names_checked: set[str] = set()  # the same few names repeat in every record
     out = []
     for index, record in enumerate(value):
-        at = f"{where}[{index}]"
         if not isinstance(record, dict):
-            fail(at, f"must be an object, got {preview(record)}")
+            fail(f"{where}[{index}]", f"must be an object, got {preview(record)}")
         for key in ("step", "wall_time", "scalars"):
             if key not in record:
-                fail(at, f"missing {key!r}")
-        scalars = record["scalars"]
+                fail(f"{where}[{index}]", f"missing {key!r}")
+        step, wall_time, scalars = record["step"], record["wall_time"], record["scalars"]
+        if type(step) is not int or not 0 <= step <= MAX_INT:
+            uint(step, f"{where}[{index}].step")
+        if type(wall_time) is not float or wall_time - wall_time != 0.0:  # x - x is nan for inf and nan
+            wall_time = finite(wall_time, f"{where}[{index}].wall_time")
         if not isinstance(scalars, dict):
-            fail(f"{at}.scalars", f"must be an object, got {preview(scalars)}")
+            fail(f"{where}[{index}].scalars", f"must be an object, got {preview(scalars)}")
         if len(scalars) > MAX_SCALARS:
-            fail(f"{at}.scalars", f"{len(scalars)} scalars exceed the limit of {MAX_SCALARS}")
-        for scalar_name, scalar in scalars.items():
-            text(scalar_name, f"{at}.scalars key", MAX_KEY_BYTES, empty=False, name=True)
-            if not (isinstance(scalar, str) and scalar in NONFINITE_NAMES):
-                finite(scalar, f"{at}.scalars[{preview(scalar_name, 30)}]")
-        out.append({"step": uint(record["step"], f"{at}.step"),
-                    "wall_time": finite(record["wall_time"], f"{at}.wall_time"),
-                    "scalars": dict(scalars)})
+            fail(f"{where}[{index}].scalars", f"{len(scalars)} scalars exceed the limit of {MAX_SCALARS}")
+        for name, scalar in scalars.items():
+            if name not in names_checked:
+                text(name, f"{where}[{index}].scalars key", MAX_KEY_BYTES, empty=False, name=True)
+                names_checked.add(name)
+            kind = type(scalar)
+            if kind is float:
+                valid = scalar - scalar == 0.0
+            elif kind is int:
+                valid = MIN_INT <= scalar <= MAX_INT
+            else:
+                valid = kind is str and scalar in NONFINITE_NAMES
+            if not valid:
+                at = f"{where}[{index}].scalars[{preview(name, 30)}]"
+                finite(scalar, at)
+                fail(at, f"must be a finite number or one of {NONFINITE_NAMES}, got {preview(scalar)}")
+        out.append({"step": step, "wall_time": wall_time, "scalars": scalars})
     return tuple(out)
 
 
