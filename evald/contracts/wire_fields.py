@@ -16,7 +16,7 @@ from typing import Any, Mapping, NoReturn
 
 MAX_INT = 2**63 - 1  # steps, seq and counters are int64 everywhere (ledger, TensorBoard, all-reduce)
 MIN_INT = -(2**63)  # any other integer (scalars, free-form objects) must still fit int64
-MAX_DEPTH = 16  # JSON nesting of a whole frame; the deepest valid message needs 5
+MAX_DEPTH = 16  # JSON nesting of a whole frame; fixed-shape messages need 4, the rest is for kwargs/summary
 MAX_INT_DIGITS = 40  # longer integer literals are not even converted (cost grows with length)
 
 MAX_RUN_ID_BYTES = 256
