@@ -10,9 +10,10 @@ Documented for humans in docs/wire-protocol.md. Two channels:
   ``control_state`` message periodically; ranks connect SUB (CONFLATE) and poll.
 
 Every message is one ZeroMQ frame of UTF-8 JSON with ``"v"`` (protocol version)
-and ``"type"``. ``decode`` validates everything it returns; anything else raises
-ProtocolError with a message that says what was wrong. This module imports no
-zmq and no mindspore.
+and ``"type"``. ``decode`` validates every field it returns against the bounds in
+``wire_fields`` (docs/wire-protocol.md, "Bounds"); for any other bytes it raises
+ProtocolError, and nothing else, with a message naming the message type, the
+field and what was wrong. This module imports no zmq and no mindspore.
 """
 
 from __future__ import annotations
@@ -23,17 +24,16 @@ import os
 import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
+
+from evald.contracts import wire_fields as F
+from evald.contracts.wire_fields import ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20
 
 ENV_ENDPOINT = "EVALD_ENDPOINT"
 ENV_CONTROL_ENDPOINT = "EVALD_CONTROL_ENDPOINT"
-
-
-class ProtocolError(ValueError):
-    """A received frame is not a valid message of this protocol version."""
 
 
 def default_socket_dir() -> Path:
@@ -75,18 +75,22 @@ class FactorySpec:
 
     @classmethod
     def from_obj(cls, obj: Any, what: str) -> "FactorySpec | None":
+        """Validate a factory from JSON or user code: a "module:function" string or an object."""
         if obj is None:
             return None
         if isinstance(obj, str):
             obj = {"target": obj}
-        if not isinstance(obj, Mapping) or not isinstance(obj.get("target"), str):
-            raise ProtocolError(f"{what}: expected {{'target': 'module:function', ...}}, got {obj!r}")
-        if ":" not in obj["target"]:
-            raise ProtocolError(f"{what}: target {obj['target']!r} is not 'module:function'")
-        kwargs = obj.get("kwargs") or {}
-        if not isinstance(kwargs, Mapping):
-            raise ProtocolError(f"{what}: kwargs must be an object, got {kwargs!r}")
-        return cls(obj["target"], dict(kwargs), obj.get("search_path"))
+        if not isinstance(obj, Mapping) or "target" not in obj:
+            F.fail(what, f"expected {{'target': 'module:function', ...}}, got {F.preview(obj)}")
+        target = F.text(obj["target"], f"{what}.target", F.MAX_TARGET_BYTES, empty=False, name=True)
+        if ":" not in target:
+            F.fail(f"{what}.target", f"{F.preview(target)} is not 'module:function'")
+        kwargs = obj.get("kwargs")
+        kwargs = {} if kwargs is None else F.json_object(kwargs, f"{what}.kwargs")
+        search_path = obj.get("search_path")
+        if search_path is not None:
+            F.text(search_path, f"{what}.search_path", F.MAX_PATH_BYTES, empty=False, name=True)
+        return cls(target, dict(kwargs), search_path)
 
 
 @dataclass(frozen=True)
@@ -159,27 +163,28 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (RunAnnounced, CheckpointCommitted, TrainMetrics, RunFinished, ControlState)
 }
 
-_INT_FIELDS = {"step", "final_step", "seq", "world_size", "total_steps", "every_n_steps", "stop_at_step"}
-_FLOAT_FIELDS = {"sent_at", "commit_time"}
-_STR_FIELDS = {"run_id", "ckpt_dir", "path", "reason", "task", "control_endpoint"}
+def _text(max_bytes: int, **kwargs: bool) -> Callable[[Any, str], str]:
+    return lambda value, where: F.text(value, where, max_bytes, **kwargs)
 
 
-def _check_field(name: str, value: Any, optional: bool, may_be_empty: bool = False) -> Any:
-    if value is None:
-        if optional:
-            return None
-        raise ProtocolError(f"field {name!r} must not be null")
-    if name in _INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ProtocolError(f"field {name!r} must be a non-negative integer, got {value!r}")
-    elif name in _FLOAT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProtocolError(f"field {name!r} must be a number, got {value!r}")
-        value = float(value)
-    elif name in _STR_FIELDS:
-        if not isinstance(value, str) or (not value and not may_be_empty):
-            raise ProtocolError(f"field {name!r} must be a non-empty string, got {value!r}")
-    return value
+# One rule per field name, whatever the message type; a field that may be null has default None.
+_FIELD_RULES: dict[str, Callable[[Any, str], Any]] = {
+    "run_id": _text(F.MAX_RUN_ID_BYTES, empty=False, name=True),
+    "ckpt_dir": _text(F.MAX_PATH_BYTES, empty=False, name=True),
+    "path": F.entry_name,
+    "task": _text(F.MAX_TASK_BYTES, empty=False, name=True),
+    "reason": _text(F.MAX_TEXT_BYTES),
+    "control_endpoint": _text(F.MAX_ENDPOINT_BYTES, empty=False, name=True),
+    **dict.fromkeys(("step", "final_step", "seq", "world_size", "total_steps", "every_n_steps",
+                     "stop_at_step"), F.uint),
+    "sent_at": F.finite,
+    "commit_time": F.finite,
+    "model_factory": FactorySpec.from_obj,
+    "data_factory": FactorySpec.from_obj,
+    "records": F.records,
+    "lr_advice": F.lr_advice,
+    "summary": F.json_object,
+}
 
 
 _NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
@@ -204,53 +209,42 @@ def decode_scalar(value: Any) -> float | None:
 
 
 def decode(frame: bytes) -> Message:
-    """Parse and validate one frame; ProtocolError says exactly what is wrong."""
-    if len(frame) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message of {len(frame)} bytes exceeds {MAX_MESSAGE_BYTES}")
-    try:
-        data = json.loads(frame.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        preview = frame[:40]
-        raise ProtocolError(f"not UTF-8 JSON ({exc.__class__.__name__}); first bytes {preview!r}") from exc
+    """Parse and validate one frame; for any input, the only exception is ProtocolError."""
+    if not isinstance(frame, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"a frame must be bytes, got {type(frame).__name__}", "not_bytes")
+    size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+    if size > MAX_MESSAGE_BYTES:  # checked before copying: the receiver passes a zmq frame's buffer
+        raise ProtocolError(f"frame of {size} bytes exceeds the limit of {MAX_MESSAGE_BYTES}", "oversize")
+    frame = bytes(frame)
+    data = F.parse_frame(frame)
     if not isinstance(data, dict):
-        raise ProtocolError(f"expected a JSON object, got {type(data).__name__}")
-    if data.get("v") != PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"protocol version {data.get('v')!r} is not {PROTOCOL_VERSION}; "
-            f"run matching versions of evald and trainer_hooks"
-        )
-    cls = MESSAGE_TYPES.get(data.get("type"))  # type: ignore[arg-type]
+        raise ProtocolError(f"frame is a JSON {type(data).__name__}; a message is a JSON object",
+                            "not_object")
+    version = data.get("v")
+    if type(version) is not int or version != PROTOCOL_VERSION:  # True == 1 and 1.0 == 1 in Python
+        raise ProtocolError(f"protocol version {F.preview(version)} is not {PROTOCOL_VERSION}; "
+                            f"run matching versions of evald and trainer_hooks", "version")
+    kind = data.get("type")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise ProtocolError(f"unknown message type {data.get('type')!r}; known: {sorted(MESSAGE_TYPES)}")
+        raise ProtocolError(f"unknown message type {F.preview(kind)}; known: {sorted(MESSAGE_TYPES)}",
+                            "unknown_type")
     kwargs: dict[str, Any] = {}
-    for f in fields(cls):
+    for f in fields(cls):  # keys the class does not define are ignored (not passed on)
+        where = f"{cls.TYPE}.{f.name}"
         if f.name not in data:
             if f.default is MISSING and f.default_factory is MISSING:
-                raise ProtocolError(f"{cls.TYPE}: missing field {f.name!r}")
+                F.fail(where, "missing field")
             continue
         value = data[f.name]
-        optional = f.default is None
-        if f.name in ("model_factory", "data_factory"):
-            value = FactorySpec.from_obj(value, f"{cls.TYPE}.{f.name}")
-        elif f.name == "records":
-            if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
-                raise ProtocolError(f"{cls.TYPE}.records must be a list of objects")
-            value = tuple(value)
-        elif f.name in ("lr_advice", "summary"):
-            if value is not None and not isinstance(value, dict):
-                raise ProtocolError(f"{cls.TYPE}.{f.name} must be an object or null")
-        else:
-            value = _check_field(f.name, value, optional, may_be_empty=f.default == "")
-        kwargs[f.name] = value
-    if "path" in kwargs:
-        rel = kwargs["path"]
-        if os.path.isabs(rel) or ".." in Path(rel).parts or "/" in rel.strip("/"):
-            raise ProtocolError(f"{cls.TYPE}.path {rel!r} must be a plain directory name inside ckpt_dir")
+        if value is None and f.default is not None:
+            F.fail(where, "must not be null")
+        kwargs[f.name] = None if value is None else _FIELD_RULES[f.name](value, where)
     return cls(**kwargs)
 
 
 def announcement_from_json(text: str) -> RunAnnounced:
-    message = decode(text.encode())
+    message = decode(text.encode("utf-8", "surrogatepass"))  # a lone surrogate is rejected by decode
     if not isinstance(message, RunAnnounced):
         raise ProtocolError(f"expected run_announced, got {message.TYPE}")
     return message
