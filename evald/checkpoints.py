@@ -80,6 +80,8 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
     dir_step = layout.parse_step_dir_name(name)
     if dir_step is None and not name.endswith(FOREIGN_SUFFIXES):
         return None
+    if dir_step is not None and dir_step > MAX_STEP:
+        return Rejected(name, None, f"step {dir_step} in the name is out of range (0..2**63-1)")
     if path.is_symlink():
         return _link(ckpt_dir, path, dir_step)
     if dir_step is not None:

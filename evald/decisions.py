@@ -23,6 +23,8 @@ from evald.health import HealthMonitor
 from evald.lr_advisor import LRAdvisor
 from evald.trend import TrainLossTrend
 
+MAX_STEP = 2**63 - 1  # the wire's bound on a step
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -82,7 +84,7 @@ class Decisions:
         stop_at = None
         if verdict.stop and self.stop_at_step is None:
             margin = self.stop_margin_steps or every_n_steps or 1
-            stop_at = max(newest_step, step) + margin
+            stop_at = min(max(newest_step, step) + margin, MAX_STEP)
             self.stop_at_step, self.stop_reason = stop_at, verdict.reason
             self.seq += 1
         elif advice:

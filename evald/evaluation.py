@@ -42,7 +42,8 @@ class Context:
     ckpt_dir: object
     lag_policy: str
     final_step: int | None
-    newest_step: int
+    newest_checkpoint_step: int     # from files in the directory: what a stop step is counted from
+    newest_train_step: int          # from the trainer's messages: only for the lag figure
     every_n_steps: int | None
     max_attempts: int
     subset_text: str
@@ -87,8 +88,8 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                        evaluated: Evaluated, queue_depth: int) -> Outcome:
     result = evaluated.result
     now = time.time()
-    newest = max(ctx.newest_step, row.step)
-    outcome = decisions.observe_eval(row.step, result.metrics, newest_step=newest,
+    newest = max(ctx.newest_checkpoint_step, ctx.newest_train_step, row.step)
+    outcome = decisions.observe_eval(row.step, result.metrics, newest_step=_current_step(ctx, row.step),
                                      every_n_steps=ctx.every_n_steps)
     counts = ledger.counts()
     scalars = dict(result.metrics)
@@ -116,6 +117,15 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
     if outcome.advice:
         log.warning("learning-rate advice at step %d: %s", row.step, outcome.advice["reason"])
     return outcome
+
+
+def _current_step(ctx: Context, step: int) -> int:
+    """Where training is now, for the stop step: the trainer's word, but never more than two
+    snapshot intervals beyond the newest checkpoint on disk (a forged step cannot push the stop
+    out of reach; a trainer already past the stop step stops at its next step anyway)."""
+    on_disk = max(ctx.newest_checkpoint_step, step)
+    reach = 2 * (ctx.every_n_steps or 1)
+    return min(max(ctx.newest_train_step, on_disk), on_disk + reach)
 
 
 def _commit_failure(ledger: Ledger, row: Step, state: str, reason: str) -> None:

@@ -45,11 +45,11 @@ BLOCKED_REMINDER_S = 60.0
 
 
 class Run:
-    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, logdir: Path, *, control: Any,
+    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, logdir: Path, *, control: Any, receiver: Any,
                  events: "queue.Queue[tuple[str, Any]]", pipeline: Pipeline) -> None:
         self.operator = resolved              # what the operator configured
         self.resolved = resolved              # ... merged with the trainer's announcement
-        self.ckpt_dir, self.logdir, self.control = ckpt_dir, logdir, control
+        self.ckpt_dir, self.logdir, self.control, self.receiver = ckpt_dir, logdir, control, receiver
         self.counters = evaluation.Counters()
         self.ledger = Ledger(logdir / "ledger.sqlite")
         self.ledger.recover_interrupted(self.config.tuning.max_attempts)
@@ -69,7 +69,7 @@ class Run:
         self._read_announcement()
         self._read_run_end()
         self.discovery.start()
-        self.discovery.rescan()
+        self._rescan()
         self._publish()
         self._write_best_pointer()
         log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", ckpt_dir,
@@ -116,9 +116,7 @@ class Run:
         if isinstance(message, CheckpointCommitted):
             self.intake.found(message.path, ZMQ)
         elif isinstance(message, TrainMetrics):
-            newest = self.train.add(message)
-            if newest is not None:
-                self.intake.newest_step = max(self.intake.newest_step, newest)
+            self.train.add(message)
         elif isinstance(message, RunFinished):
             self._read_run_end()  # the file says the same, and is what a restarted evald reads
             self._end(message, "the run_finished message")
@@ -174,8 +172,12 @@ class Run:
         self.intake.final_step = message.final_step
         log.info("run %s finished at step %d (%s), learned from %s", message.run_id, message.final_step,
                  message.reason, where)
-        self.discovery.rescan()  # the final checkpoint may have landed without an event
+        self._rescan()  # the final checkpoint may have landed without an event
         return True
+
+    def _rescan(self) -> None:
+        for path in self.discovery.rescan():
+            self._path(path, RESCAN)
 
     # ------------------------------------------------------------ ticks and work
 
@@ -185,7 +187,7 @@ class Run:
             self.control.tick()
         if now - self._last_rescan >= self.config.tuning.rescan_interval_s:
             self._last_rescan = now
-            self.discovery.rescan()
+            self._rescan()
         self.intake.recheck_settled()
         self.tensorboard.drain()
 
@@ -209,9 +211,13 @@ class Run:
                           self.pipeline.blocked_reason)
             return False
         subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
-        ctx = evaluation.Context(self.ckpt_dir, self.config.lag_policy, self.intake.final_step,
-                                 self.intake.newest_step, self.announcement.every_n_steps if self.announcement
-                                 else None, self.config.tuning.max_attempts, subset.describe())
+        if self.receiver is not None:
+            self.counters.bad_messages = self.receiver.rejected
+        ctx = evaluation.Context(
+            ckpt_dir=self.ckpt_dir, lag_policy=self.config.lag_policy, final_step=self.intake.final_step,
+            newest_checkpoint_step=self.intake.newest_step, newest_train_step=max(self.train.last_step, 0),
+            every_n_steps=self.announcement.every_n_steps if self.announcement else None,
+            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe())
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
         if done is not None and done[1] is not None:

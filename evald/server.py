@@ -116,8 +116,8 @@ class Server:
                                f"{ckpt_dir}", how))
         logdir.mkdir(parents=True, exist_ok=True)
         self.locks.append(Lock(logdir / "evald.lock", f"log directory {logdir}", "give this one another --logdir"))
-        self.run = Run(self.resolved, ckpt_dir, logdir, control=self.control, events=self.events,
-                       pipeline=self.pipeline)
+        self.run = Run(self.resolved, ckpt_dir, logdir, control=self.control, receiver=self.receiver,
+                       events=self.events, pipeline=self.pipeline)
         self.run.prepare()
 
     def _should_abort(self) -> bool:

@@ -66,27 +66,34 @@ class Discovery:
             self.mode = "inotify"
             self._observer = Observer()
         self.fs_type = fs_type
+        self._watching = False
+        self._said_missing = False
 
     def start(self) -> None:
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        self._observer.schedule(_Handler(self._out), str(self.ckpt_dir), recursive=False)
         self._observer.start()
+        self._watch()
+
+    def _watch(self) -> None:
+        """Watch the directory once it exists: evald never creates the trainer's directory."""
+        if self._watching or not self.ckpt_dir.is_dir():
+            if not self._watching and not self._said_missing:
+                self._said_missing = True
+                log.warning("%s does not exist yet: waiting for the trainer to create it", self.ckpt_dir)
+            return
+        self._observer.schedule(_Handler(self._out), str(self.ckpt_dir), recursive=False)
+        self._watching = True
         log.info("watching %s (%s, filesystem %s)", self.ckpt_dir, self.mode, self.fs_type)
 
-    def rescan(self) -> int:
-        """Queue every entry of the directory; returns how many."""
-        count = 0
+    def rescan(self) -> list[Path]:
+        """Every entry of the directory, in step order (the caller handles them directly)."""
+        self._watch()
         try:
             with os.scandir(self.ckpt_dir) as entries:
-                # Fix (issue 3): in step order, not directory order. The every-k lag policy numbers
-                # checkpoints on arrival; a burst found by one rescan arrived in hash order
-                # (ext4), so k=2 picked e.g. steps 50 and 60 instead of 20, 40 and 60.
-                for entry in sorted(entries, key=lambda e: _natural_key(e.name)):
-                    self._out.put((RESCAN, Path(entry.path)))
-                    count += 1
-        except FileNotFoundError:
-            pass
-        return count
+                # In step order, not directory order: the every-k lag policy numbers checkpoints on
+                # arrival, and a burst found by one rescan arrives in hash order on ext4.
+                return [Path(e.path) for e in sorted(entries, key=lambda e: _natural_key(e.name))]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def stop(self) -> None:
         try:
