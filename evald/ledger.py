@@ -269,7 +269,7 @@ def _migrate_v1(db: sqlite3.Connection) -> None:
     rows = db.execute("SELECT key, step, kind, state, reason, source, run_id, commit_time, seen_at, attempts,"
                       " metrics FROM checkpoints").fetchall()
     for key, step, kind, state, reason, source, run_id, commit_time, seen_at, attempts, metrics in sorted(
-            rows, key=lambda r: (rank.get(r[3], 3), r[0])):
+            rows, key=lambda r: (rank.get(r[3], 3), r[2] != "evald", r[0])):
         if step < 0:
             db.execute("INSERT OR IGNORE INTO files VALUES (?,?,?,?,?)", (key, None, REJECTED, reason, seen_at))
         elif db.execute("SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():

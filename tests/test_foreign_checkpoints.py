@@ -20,7 +20,7 @@ import pytest
 
 from evald.contracts import layout
 from tests import faults
-from tests.harness import PYTHON, Proc, base_env, scalar_points, wait_for
+from tests.harness import PYTHON, Proc, base_env, raw_scalar_steps, scalar_points, wait_for
 
 
 def _losses(logdir: Path) -> dict[int, float]:
@@ -141,3 +141,25 @@ def test_idle_exit_waits_for_a_foreign_file_to_settle(tmp_path, procs):
     assert evald.wait(180) == 0, evald.output()[-3000:]
     [row] = faults.ledger_rows(ckpt)
     assert (row["key"], row["step"], row["state"]) == ("late-1_7.ckpt", 7, "evaluated")
+
+
+def test_model_checkpoint_beside_evald_callback_gives_one_point_per_step(tmp_path, endpoints, procs):
+    """MindSpore's ModelCheckpoint and EvaldCallback writing into one directory: each step has two
+    files, and gets one evaluation and one TensorBoard point, read from evald's own checkpoint."""
+    from tests.harness import start_evald, start_trainer
+
+    ckpt = tmp_path / "ckpt"
+    evald = start_evald(tmp_path, endpoints, ["--lag-policy", "all", "--tuning", '{"foreign_settle_s": 0.5}'])
+    procs.append(evald)
+    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=60, every=20, extra=["--model-checkpoint"])
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    assert evald.wait(180) == 0, evald.output()[-3000:]
+    assert sorted(p.name for p in ckpt.glob("tinylm-1_*.ckpt")) == ["tinylm-1_20.ckpt", "tinylm-1_40.ckpt",
+                                                                     "tinylm-1_60.ckpt"]
+    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == [20, 40, 60]
+    rows = faults.ledger_rows(ckpt)
+    assert [(r["step"], r["key"], r["state"]) for r in rows] == [
+        (s, layout.step_dir_name(s), "evaluated") for s in (20, 40, 60)]
+    files = faults.ledger_files(ckpt)
+    assert all(files[f"tinylm-1_{s}.ckpt"]["status"] == "duplicate" for s in (20, 40, 60)), files

@@ -1,4 +1,5 @@
-"""Issue 3, lifecycle: SIGTERM, a second signal, the run-finished message, --serve-forever.
+"""Lifecycle: start-up, SIGTERM, a second signal, the end of a run, --serve-forever, and a
+second evald in the way.
 
 Real ``python -m evald`` processes; the run-finished message is a real ``wire.RunFinished``
 sent over a ZeroMQ PUSH socket to evald's endpoint.
@@ -12,7 +13,7 @@ import time
 
 from evald.contracts import layout, wire
 from tests import faults
-from tests.harness import raw_scalar_steps, scalar_points, wait_for
+from tests.harness import raw_scalar_steps, scalar_points, start_evald, start_trainer, wait_for
 
 # The whole validation set in batches of 8: an evaluation lasts seconds, so a signal lands in one.
 SLOW = ("--subset-size", "100000", "--batch-size", "8")
@@ -116,3 +117,69 @@ def test_serve_forever_keeps_running_after_run_finished_until_sigterm(tmp_path, 
     # the run was summarised once, not on every turn of the loop while serving on
     assert [s for s, tag, _ in faults.tb_texts(ckpt / "evald") if tag == "evald/summary"] == [20]
     assert evald.output().count("run complete:") == 1
+
+
+def test_the_network_is_compiled_at_start_before_the_first_checkpoint(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)  # the factories are known from RUN.json; no checkpoint exists yet
+    evald = faults.start(tmp_path, ckpt, "--lag-policy", "latest")
+    procs.append(evald)
+    wait_for(lambda: "evaluation network ready" in evald.output(), 180, "the network compiled with no checkpoint")
+    assert "found step" not in evald.output()
+    faults.commit(ckpt, 10)
+    faults.commit(ckpt, 20)
+    wait_for(lambda: _steps(ckpt, "evaluated") == [10, 20] or _steps(ckpt, "skipped"), 60, "both handled")
+    # nothing waits for a compile any more: a checkpoint a second later is not superseded by the next
+    evald.signal(signal.SIGTERM)
+    assert evald.wait(60) == 0, evald.output()[-3000:]
+    assert _steps(ckpt, "evaluated")[-1] == 20 and "evaluation network ready" in evald.output().split("found step")[0]
+
+
+def test_an_evald_that_missed_the_end_of_the_run_finishes_it_and_exits_0(tmp_path, endpoints, procs):
+    ckpt = tmp_path / "ckpt"
+    # Nobody listens while the trainer runs: its run_finished message is lost.
+    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=30, every=10, loop="custom")
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    end = json.loads((ckpt / layout.RUN_END_FILE).read_text())  # ... but its end is on disk
+    assert end["type"] == "run_finished" and end["final_step"] == 30
+    evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all"])  # no idle exit
+    procs.append(evald)
+    assert evald.wait(180) == 0, evald.output()[-3000:]
+    summary = json.loads((ckpt / "evald" / "summary.json").read_text())
+    assert summary["final_step"] == 30 and summary["checkpoints"] == {"evaluated": 3}
+    assert f"learned from {ckpt / layout.RUN_END_FILE}" in evald.output()
+
+
+def test_a_second_evald_on_the_same_endpoint_refuses_to_start_and_names_the_first(tmp_path, endpoints, procs):
+    first = faults.start(tmp_path, None, env=endpoints, zmq=True)  # waits for a trainer's notification
+    procs.append(first)
+    wait_for(lambda: "listening for notifications" in first.output(), 120, "the first evald bound")
+    second = faults.start(tmp_path, None, env=endpoints, zmq=True, name="second")
+    procs.append(second)
+    assert second.wait(60) == 2, second.output()[-3000:]
+    assert (f"endpoint {endpoints['EVALD_ENDPOINT']} is in use by evald pid {first.popen.pid}"
+            in second.output()), second.output()[-2000:]
+    assert "another --endpoint" in second.output()
+    # the first still owns the endpoint: a trainer's notification reaches it, not a ghost
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)
+    faults.commit(ckpt, 10)
+    faults.push(endpoints["EVALD_ENDPOINT"], [faults.committed_notice(ckpt, 10)])
+    wait_for(lambda: _steps(ckpt, "evaluated") == [10], 180, "the first evald evaluating")
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0
+
+
+def test_a_second_evald_on_a_served_directory_refuses_to_start(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)
+    first = faults.start(tmp_path, ckpt)
+    procs.append(first)
+    wait_for(lambda: "serving " in first.output(), 120, "the first evald serving")
+    second = faults.start(tmp_path, ckpt, "--logdir", str(tmp_path / "elsewhere"), name="second")
+    procs.append(second)
+    assert second.wait(60) == 2, second.output()[-3000:]
+    assert f"checkpoint directory {ckpt} is in use by evald pid {first.popen.pid}" in second.output()
+    first.signal(signal.SIGTERM)
+    assert first.wait(60) == 0

@@ -34,6 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-evald", action="store_true", help="train without the evald hook (baseline)")
     p.add_argument("--agree-every", type=int, default=1)
     p.add_argument("--keep-last", type=int, default=None)
+    p.add_argument("--model-checkpoint", action="store_true",
+                   help="also save MindSpore ModelCheckpoint files into --ckpt-dir, every --every steps")
     return p.parse_args(argv)
 
 
@@ -70,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_evald:
             callbacks.append(EvaldCallback(args.ckpt_dir, args.every, batch_size=args.batch_size,
                                            tokens_per_sample=args.seq_len, **hook_kwargs))
+        if args.model_checkpoint:  # MindSpore's own checkpoints beside evald's, in the same directory
+            from mindspore.train import CheckpointConfig, ModelCheckpoint
+
+            callbacks.append(ModelCheckpoint(prefix="tinylm", directory=args.ckpt_dir, config=CheckpointConfig(
+                save_checkpoint_steps=args.every, keep_checkpoint_max=1000)))
         if args.step_sleep:
             from mindspore.train import LambdaCallback
 

@@ -1,0 +1,172 @@
+"""A crash at every state change, in-process: nothing lost, nothing evaluated or written twice.
+
+evald's loop (evald.run.Run, the real ledger, intake, decisions and TensorBoard sink) is driven
+in this process. A crash is injected at the N-th durable write (each ledger transaction and each
+TensorBoard record), before it or just after it, for every N; then a fresh Run on the same files
+finishes the job, as a restarted evald would. The MindSpore evaluator is replaced by a stand-in
+that reads and verifies the real checkpoint files and reports the mean weight as the loss: this
+layer checks the bookkeeping in milliseconds; the real evaluator is exercised, with real kills,
+in tests/test_reliability.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import queue
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from evald.config import EvaldConfig, ResolvedConfig
+from evald.contracts import layout, wire
+from evald.evaluator import EvalResult
+from evald.ledger import EVALUATED, Ledger
+from evald.pipeline import Evaluated
+from evald.run import Run
+from evald.sinks.tensorboard import EventLog
+from evald.subset import SubsetInfo
+from evald.weights import load_weights
+from tests.harness import raw_scalar_steps
+
+STEPS = (10, 20, 30, 40, 50)
+LOSS = {step: 5.0 - step / 20 if step != 40 else 4.5 for step in STEPS}  # 40 is worse: patience counts
+
+
+class Crash(BaseException):
+    """Stands for SIGKILL: nothing after it runs (BaseException, so no except-Exception catches it)."""
+
+
+class StandInPipeline:
+    def __init__(self):
+        self.evaluator = SimpleNamespace(subset=SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0))
+        self.blocked_reason = None
+        self.evaluated: list[int] = []
+
+    def ensure_built(self, config):
+        return True
+
+    def evaluate(self, ckpt_dir, row):
+        weights = load_weights(ckpt_dir / row.source, row.kind)  # the real read and verification
+        self.evaluated.append(row.step)
+        return Evaluated(EvalResult({"eval/loss": float(weights["w"].mean())}, {}, 0.0, 0.0))
+
+
+class Injector:
+    """Raises Crash at the ``at``-th durable write: every ledger transaction (just before its
+    COMMIT, which then never happens, or just after it) and every TensorBoard record."""
+
+    def __init__(self, monkeypatch, at: int | None, after: bool):
+        self.count, self.at, self.after = 0, at, after
+        injector = self
+        original = Ledger._transaction
+
+        @contextlib.contextmanager
+        def transaction(ledger):
+            with original(ledger) as db:
+                yield db
+                injector.point(before_commit=True)
+            injector.point(before_commit=False)
+
+        monkeypatch.setattr(Ledger, "_transaction", transaction)
+        write = EventLog.write
+
+        def write_record(log, *args, **kwargs):
+            self.point(before_commit=True)
+            write(log, *args, **kwargs)
+            self.point(before_commit=False)
+
+        monkeypatch.setattr(EventLog, "write", write_record)
+
+    def point(self, before_commit: bool) -> None:
+        if before_commit:
+            self.count += 1
+        if self.count == self.at and before_commit != self.after:
+            raise Crash()
+
+
+def stage(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    for step in STEPS:
+        layout.write_checkpoint(ckpt, step, {"w": np.full(8, LOSS[step], np.float32)}, run_id="r")
+    announce = wire.RunAnnounced(run_id="r", ckpt_dir=str(ckpt), every_n_steps=10)
+    layout.write_run_file(ckpt, announce.encode().decode())
+    layout.write_run_end(ckpt, wire.RunFinished(run_id="r", ckpt_dir=str(ckpt), final_step=50).encode().decode())
+    return ckpt
+
+
+def serve(ckpt, logdir, pipeline) -> None:
+    """What evald's server loop does with a Run, until the run is complete."""
+    config = dataclasses.replace(EvaldConfig(), lag_policy="all", patience=2)
+    logdir.mkdir(exist_ok=True)  # the server makes it (and locks it) before the Run
+    events: queue.Queue = queue.Queue()
+    run = Run(ResolvedConfig(config, {}), ckpt, logdir, control=None, receiver=None, events=events,
+              pipeline=pipeline)
+    try:
+        for _ in range(100):
+            while not events.empty():
+                run.handle(*events.get())
+            run.tick()
+            if not run.work() and run.complete():
+                run.finish()
+                return
+        raise AssertionError("the run never completed")
+    finally:
+        run.discovery.stop()  # a killed process's threads die with it; here they must be stopped
+
+
+def test_the_crash_free_run_counts_its_writes(tmp_path, monkeypatch):
+    ckpt = stage(tmp_path)
+    injector = Injector(monkeypatch, at=None, after=False)
+    serve(ckpt, tmp_path / "logdir", StandInPipeline())
+    assert injector.count > 20
+    check(tmp_path / "logdir")
+
+
+def _writes_in_a_clean_run(tmp_path_factory) -> int:
+    tmp = tmp_path_factory.mktemp("count")
+    with pytest.MonkeyPatch.context() as mp:
+        injector = Injector(mp, at=None, after=False)
+        serve(stage(tmp), tmp / "logdir", StandInPipeline())
+    return injector.count
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before", "after"])
+def test_a_crash_at_every_durable_write_loses_and_repeats_nothing(tmp_path_factory, after):
+    total = _writes_in_a_clean_run(tmp_path_factory)
+    for at in range(1, total + 1):
+        tmp = tmp_path_factory.mktemp(f"crash{at}")
+        ckpt, logdir = stage(tmp), tmp / "logdir"
+        first = StandInPipeline()
+        with pytest.MonkeyPatch.context() as mp:
+            Injector(mp, at=at, after=after)
+            with pytest.raises(Crash):
+                serve(ckpt, logdir, first)
+        second = StandInPipeline()
+        serve(ckpt, logdir, second)  # the restart
+        check(logdir, crash=f"write #{at} ({'after' if after else 'before'})")
+        # only the step in flight at the crash (its result not committed) is evaluated again
+        both = first.evaluated + second.evaluated
+        assert len(both) - len(set(both)) <= 1 and set(both) == set(STEPS), (at, first.evaluated, second.evaluated)
+
+
+def check(logdir, crash: str = "no crash") -> None:
+    ledger = Ledger(logdir / "ledger.sqlite")
+    try:
+        steps = ledger.steps()
+        assert [(s.step, s.state) for s in steps] == [(s, EVALUATED) for s in STEPS], crash
+        assert {s.step: s.metrics["eval/loss"] for s in steps} == LOSS, crash
+        assert ledger.pending_records() == [], crash
+        decisions = ledger.get_state("decisions")
+        assert decisions["early_stop"]["best_step"] == 50 and decisions["early_stop"]["wait"] == 0, crash
+        assert ledger.get_state("summarised") == ["r", 50], crash
+    finally:
+        ledger.close()
+    assert raw_scalar_steps(logdir, "eval/loss") == list(STEPS), crash  # one point per step, ever
+    assert raw_scalar_steps(logdir, "evald/evaluate_s") == list(STEPS), crash
+    from tests.faults import tb_texts
+
+    summaries = [step for step, tag, _ in tb_texts(logdir, "evald/summary")]
+    assert summaries == [50], crash
+    assert (logdir / "summary.json").exists() and (logdir / "best.json").exists(), crash

@@ -1,0 +1,116 @@
+"""The ledger in-process: one transaction per state change, the outbox, recovery and migration."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from evald.ledger import (DUPLICATE, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, USED, Ledger,
+                          Record)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    yield ledger
+    ledger.close()
+
+
+def admit(ledger, step, name=None, kind="evald", skip=None):
+    ledger.admit(name=name or f"step_{step:09d}", step=step, kind=kind, found_via="rescan", run_id="r",
+                 commit_time=100.0 + step, skip_reason=skip)
+
+
+def test_admission_creates_the_step_and_its_file_at_once(ledger):
+    admit(ledger, 10)
+    admit(ledger, 20, skip="lag policy every-k")
+    assert [(s.step, s.state) for s in ledger.steps()] == [(10, QUEUED), (20, SKIPPED)]
+    assert ledger.file_status("step_000000010") == USED
+    # a skip is reported at its own step, in the same transaction
+    [record] = ledger.pending_records()
+    assert (record.stream, record.step, dict(record.texts)) == ("eval", 20, {"evald/skipped": "lag policy every-k"})
+    with pytest.raises(sqlite3.IntegrityError):  # the same step twice is refused, not duplicated
+        admit(ledger, 10, name="other-1_10.ckpt")
+    assert ledger.file_status("other-1_10.ckpt") is None  # ... and nothing of it was written
+
+
+def test_a_better_file_replaces_a_queued_steps_source(ledger):
+    admit(ledger, 10, name="run-1_10.ckpt", kind="foreign")
+    ledger.replace_source(10, name="step_000000010", kind="evald", run_id="r", commit_time=1.0,
+                          old_reason="read from step_000000010 instead")
+    assert ledger.step(10).source == "step_000000010" and ledger.step(10).kind == "evald"
+    assert dict((n, st) for n, _, st, _ in ledger.files()) == {"run-1_10.ckpt": DUPLICATE, "step_000000010": USED}
+
+
+def test_a_rejected_file_fails_its_new_step_with_a_record_but_never_an_existing_one(ledger):
+    ledger.note_file("step_000000030", 30, REJECTED, "manifest says step 40", fail_step=True)
+    assert ledger.step(30).state == FAILED and ledger.step(30).reason == "manifest says step 40"
+    admit(ledger, 40)
+    ledger.note_file("bad-1_40.ckpt", 40, REJECTED, "corrupt", fail_step=True)
+    assert ledger.step(40).state == QUEUED  # the good file's step is untouched
+    texts = [dict(r.texts) for r in ledger.pending_records()]
+    assert texts == [{"evald/failed": "step_000000030: manifest says step 40"}]
+
+
+def test_pick_skips_and_start_are_one_transaction_and_finish_commits_record_and_state(ledger):
+    for step in (10, 20, 30):
+        admit(ledger, step)
+    ledger.start(30, skips=[(10, "superseded"), (20, "superseded")])
+    assert [(s.step, s.state, s.attempts) for s in ledger.steps()] == [(10, SKIPPED, 0), (20, SKIPPED, 0),
+                                                                        (30, EVALUATING, 1)]
+    ledger.finish(30, EVALUATED, metrics={"eval/loss": 2.5},
+                  record=Record("eval", 30, 1.0, {"eval/loss": 2.5}, {}), kv={"decisions": {"best": 2.5}})
+    assert ledger.step(30).metrics == {"eval/loss": 2.5} and ledger.get_state("decisions") == {"best": 2.5}
+    pending = ledger.pending_records()
+    assert [(r.step, dict(r.scalars)) for r in pending] == [(10, {}), (20, {}), (30, {"eval/loss": 2.5})]
+    ledger.mark_written([r.id for r in pending])
+    assert ledger.pending_records() == []
+
+
+def test_a_failed_finish_leaves_nothing_behind(ledger, monkeypatch):
+    admit(ledger, 10)
+    ledger.start(10)
+    with pytest.raises(TypeError):  # a value sqlite cannot store, mid-transaction
+        ledger.finish(10, EVALUATED, metrics={"eval/loss": 1.0}, record=Record("eval", 10, 1.0, {}, {}),
+                      kv={"decisions": object()})
+    assert ledger.step(10).state == EVALUATING and ledger.pending_records() == []
+
+
+def test_recovery_requeues_interrupted_steps_and_gives_up_after_max_attempts(ledger):
+    admit(ledger, 10)
+    admit(ledger, 20)
+    ledger.start(10)
+    for _ in range(3):
+        ledger.start(20)
+    ledger.recover_interrupted(max_attempts=3)
+    assert ledger.step(10).state == QUEUED and "interrupted" in ledger.step(10).reason
+    assert ledger.step(20).state == FAILED and "interrupted 3 times" in ledger.step(20).reason
+    assert [dict(r.texts)["evald/failed"][:30] for r in ledger.pending_records()] == [ledger.step(20).reason[:30]]
+
+
+def test_a_version_1_ledger_is_migrated(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE checkpoints (key TEXT PRIMARY KEY, step INTEGER NOT NULL, kind TEXT NOT NULL, "
+               "path TEXT NOT NULL, state TEXT NOT NULL, reason TEXT, source TEXT NOT NULL, run_id TEXT, "
+               "commit_time REAL, seen_at REAL NOT NULL, queued_at REAL, started_at REAL, finished_at REAL, "
+               "attempts INTEGER NOT NULL DEFAULT 0, metrics TEXT)")
+    db.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    rows = [("step_000000010", 10, "evald", "evaluated", '{"eval/loss": 3.0}'),
+            ("run-1_10.ckpt", 10, "foreign", "evaluated", '{"eval/loss": 3.1}'),  # the old duplicate
+            ("step_000000020", 20, "evald", "seen", None),
+            ("junk.ckpt", -1, "foreign", "failed", None)]
+    for key, step, kind, state, metrics in rows:
+        db.execute("INSERT INTO checkpoints(key, step, kind, path, state, source, seen_at, metrics) "
+                   "VALUES (?,?,?,?,?,?,?,?)", (key, step, kind, "/x/" + key, state, "rescan", 1.0, metrics))
+    db.commit()
+    db.close()
+    ledger = Ledger(path)
+    # one row per step: the evald-layout file wins, as it does in intake
+    assert [(s.step, s.state, s.source) for s in ledger.steps()] == [(10, EVALUATED, "step_000000010"),
+                                                                      (20, QUEUED, "step_000000020")]
+    statuses = {n: st for n, _, st, _ in ledger.files()}
+    assert statuses["junk.ckpt"] == REJECTED and sorted(statuses.values()).count(DUPLICATE) == 1
+    ledger.close()
+    Ledger(path).close()  # opening it again is a no-op
