@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import time
 from pathlib import Path
@@ -118,8 +119,9 @@ class Run:
         elif isinstance(message, TrainMetrics):
             self.train.add(message)
         elif isinstance(message, RunFinished):
-            self._read_run_end()  # the file says the same, and is what a restarted evald reads
-            self._end(message, "the run_finished message")
+            # Only the trainer's RUN_END.json ends a run: the message just says "look now". So a
+            # forged message cannot end the run, and a missed one changes nothing.
+            self._read_run_end()
         return True
 
     def _ignore(self, message: Message, why: str) -> bool:
@@ -131,15 +133,22 @@ class Run:
         text = layout.read_run_file(self.ckpt_dir)
         if text is None:
             return False
-        where = f"run announcement {self.ckpt_dir / layout.RUN_FILE}"
+        path = self.ckpt_dir / layout.RUN_FILE
+        where = f"run announcement {path}"
         try:
             message = announcement_from_json(text)
-            announced = {"task": message.task, "app_dir": None}
+            announced: dict[str, Any] = {"task": message.task}
+            distrust = _untrusted(path)
             for which in ("model", "data"):
                 spec = getattr(message, f"{which}_factory")
-                if spec is not None:
-                    announced.update({f"{which}_factory": spec.target, f"{which}_kwargs": dict(spec.kwargs)})
-                    announced["app_dir"] = announced["app_dir"] or spec.search_path
+                if spec is None:
+                    continue
+                if distrust:
+                    log.error("%s names the %s factory %s (search path %s), but %s: not imported; give evald "
+                              "--%s-factory itself", where, which, spec.target, spec.search_path, distrust, which)
+                    continue
+                announced.update({f"{which}_factory": spec.target, f"{which}_kwargs": dict(spec.kwargs)})
+                announced["app_dir"] = announced.get("app_dir") or spec.search_path
             resolved = with_announcement(self.operator, announced, where)
         except (ProtocolError, ConfigError) as exc:
             log.error("%s is not usable: %s", where, exc)
@@ -284,3 +293,17 @@ class Run:
             except Exception:
                 log.exception("closing the %s failed during shutdown", name)
 
+
+
+def _untrusted(path: Path) -> str | None:
+    """Why code named by this file must not be run, or None. Only a file that evald's own user
+    owns and nobody else can write may name factories (docs/security.md, the trust rule)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"it cannot be examined ({exc.strerror})"
+    if st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by evald's uid {os.getuid()}"
+    if st.st_mode & 0o022:
+        return f"others can write it (mode {oct(st.st_mode & 0o777)})"
+    return None

@@ -82,3 +82,16 @@ def test_no_factories_at_all_is_said_and_idle_exit_is_3(tmp_path, procs):
     procs.append(evald)
     assert evald.wait(120) == 3, evald.output()[-3000:]
     assert "no model or data factory is known" in evald.output()
+
+
+def test_a_run_file_others_can_write_names_no_code_that_evald_runs(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)
+    (ckpt / layout.RUN_FILE).chmod(0o666)  # anyone could have put `os:system` there
+    faults.commit(ckpt, 5)
+    evald = faults.start(tmp_path, ckpt, "--idle-exit-s", "3")
+    procs.append(evald)
+    assert evald.wait(120) == 3, evald.output()[-3000:]
+    log = evald.output()
+    assert "names the model factory examples.tiny_lm.model:build_model" in log
+    assert "others can write it (mode 0o666): not imported" in log and "building the evaluation network" not in log

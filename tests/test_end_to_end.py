@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from tests.harness import (committed_steps, hook_stats, raw_scalar_steps, scalar_points, start_evald,
+from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, scalar_points, start_evald,
                            start_trainer, text_events)
 
 
@@ -71,11 +73,21 @@ def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
     assert evald.wait(180) == 0, evald.output()[-3000:]
     [(step, _, reported)] = scalar_points(ckpt / "evald", "eval/loss")
 
-    reference = in_process_loss(ckpt, step, subset_size=64, seed=1234)
+    # Which samples evald used, the documented way: `evald subset --logdir LOGDIR`.
+    shown = subprocess.run([sys.executable, "-m", "evald", "subset", "--logdir", str(ckpt / "evald")],
+                           capture_output=True, text=True, check=True, cwd=REPO)
+    indices = [int(line) for line in shown.stdout.split()]
+    recorded = json.loads((ckpt / "evald" / "subset.json").read_text())
+    assert len(indices) == 64 and indices == recorded["indices"] and recorded["sha256"] in shown.stderr
+    [(_, text)] = text_events(ckpt / "evald", "evald/subset/text_summary")
+    assert recorded["sha256"][:12] in text  # the hash is in TensorBoard beside every point
+    reference = in_process_loss(ckpt, step, indices)
     assert abs(reported - reference) / reference < 1e-5, (reported, reference)
+    # the first 64 samples are not what evald evaluated: without the indices no check can match
+    assert abs(in_process_loss(ckpt, step, list(range(64))) - reported) / reported > 1e-3
 
 
-def in_process_loss(ckpt, step, subset_size, seed):
+def in_process_loss(ckpt, step, indices):
     """An independent evaluation: PyNative mode, float64 log-softmax in numpy, its own batching."""
     import mindspore as ms
     from safetensors.numpy import load_file
@@ -89,9 +101,7 @@ def in_process_loss(ckpt, step, subset_size, seed):
     params = dict(net.parameters_and_names())
     for name, array in weights.items():
         params[name].set_data(ms.Tensor(array))
-    windows = data.validation_windows(seq_len=64)
-    rng = np.random.default_rng(seed)
-    chosen = windows[np.sort(rng.choice(len(windows), size=subset_size, replace=False))]
+    chosen = data.validation_windows(seq_len=64)[np.asarray(indices)]
     total, count = 0.0, 0
     for start in range(0, len(chosen), 7):  # a different batch size than evald's on purpose
         batch = chosen[start:start + 7]

@@ -83,7 +83,8 @@ def test_second_signal_abandons_the_evaluation_and_a_restart_redoes_it(tmp_path,
 
 
 def _finish_run(tmp_path, endpoints, procs, *extra):
-    """evald with no --ckpt-dir, told by a real RunFinished message where the run is and that it ended."""
+    """evald with no --ckpt-dir, told by a real RunFinished message where the run is and that it ended
+    (the trainer records the end in RUN_END.json first; the message is the doorbell)."""
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)
     for step in (10, 20):
@@ -91,7 +92,9 @@ def _finish_run(tmp_path, endpoints, procs, *extra):
     evald = faults.start(tmp_path, None, *extra, env=endpoints, zmq=True)
     procs.append(evald)
     wait_for(lambda: "listening for notifications" in evald.output(), 120, "evald listening")
-    faults.push(endpoints["EVALD_ENDPOINT"], [wire.RunFinished(run_id="faults", ckpt_dir=str(ckpt), final_step=20)])
+    finished = wire.RunFinished(run_id="faults", ckpt_dir=str(ckpt), final_step=20)
+    layout.write_run_end(ckpt, finished.encode().decode())
+    faults.push(endpoints["EVALD_ENDPOINT"], [finished])
     return ckpt, evald
 
 
@@ -183,3 +186,17 @@ def test_a_second_evald_on_a_served_directory_refuses_to_start(tmp_path, procs):
     assert f"checkpoint directory {ckpt} is in use by evald pid {first.popen.pid}" in second.output()
     first.signal(signal.SIGTERM)
     assert first.wait(60) == 0
+
+
+def test_a_run_finished_message_without_the_trainers_record_ends_nothing(tmp_path, endpoints, procs):
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)
+    faults.commit(ckpt, 10)
+    evald = faults.start(tmp_path, ckpt, env=endpoints, zmq=True)
+    procs.append(evald)
+    wait_for(lambda: _steps(ckpt, "evaluated") == [10], 180, "step 10 evaluated")
+    faults.push(endpoints["EVALD_ENDPOINT"], [wire.RunFinished(run_id="faults", ckpt_dir=str(ckpt), final_step=10)])
+    time.sleep(3)
+    assert evald.popen.poll() is None and not (ckpt / "evald" / "summary.json").exists()
+    evald.signal(signal.SIGTERM)
+    assert evald.wait(60) == 0

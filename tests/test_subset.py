@@ -33,3 +33,19 @@ def test_tuple_items_become_parallel_arrays():
     data = [(np.full(2, i, np.float32), np.int64(i % 2)) for i in range(5)]
     [batch] = fixed_batches(data, range(5), batch_size=5)
     assert batch.arrays[0].shape == (5, 2) and batch.arrays[1].tolist() == [0, 1, 0, 1, 0]
+
+
+def test_the_subset_record_reproduces_the_indices_and_says_when_data_is_short(caplog):
+    import json
+
+    from evald.subset import SubsetInfo
+
+    info = SubsetInfo.of(select_subset(1000, 10, 3), num_samples=1000, requested=10, seed=3)
+    data = json.loads(info.to_json())
+    assert data["indices"] == list(select_subset(1000, 10, 3)) and len(data["sha256"]) == 64
+    assert "default_rng(seed)" in data["rule"]
+    assert caplog.records == []
+    with caplog.at_level("WARNING", logger="evald.subset"):
+        short = SubsetInfo.of(select_subset(5, 10, 3), num_samples=5, requested=10, seed=3)
+    assert short.indices == (0, 1, 2, 3, 4)
+    assert "has 5 samples, fewer than --subset-size 10: every sample is evaluated" in caplog.text
