@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import time
 from pathlib import Path
@@ -27,12 +26,12 @@ from typing import Any
 from evald import evaluation
 from evald.config import ConfigError, ResolvedConfig, with_announcement
 from evald.contracts import layout
-from evald.contracts.wire import (CheckpointCommitted, Message, ProtocolError, RunAnnounced, RunFinished,
-                                  TrainMetrics, announcement_from_json, decode)
+from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
 from evald.decisions import Decisions
 from evald.intake import Intake
 from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
 from evald.pipeline import Pipeline
+from evald.run_files import read_announcement, read_run_end
 from evald.sinks.best_pointer import write_best_pointer
 from evald.sinks.tensorboard import TensorBoardSink
 from evald.sources.discovery import RESCAN, WATCHDOG, Discovery
@@ -130,29 +129,15 @@ class Run:
         return False
 
     def _read_announcement(self) -> bool:
-        text = layout.read_run_file(self.ckpt_dir)
-        if text is None:
+        announced = read_announcement(self.ckpt_dir)
+        if announced is None:
             return False
-        path = self.ckpt_dir / layout.RUN_FILE
-        where = f"run announcement {path}"
         try:
-            message = announcement_from_json(text)
-            announced: dict[str, Any] = {"task": message.task}
-            distrust = _untrusted(path)
-            for which in ("model", "data"):
-                spec = getattr(message, f"{which}_factory")
-                if spec is None:
-                    continue
-                if distrust:
-                    log.error("%s names the %s factory %s (search path %s), but %s: not imported; give evald "
-                              "--%s-factory itself", where, which, spec.target, spec.search_path, distrust, which)
-                    continue
-                announced.update({f"{which}_factory": spec.target, f"{which}_kwargs": dict(spec.kwargs)})
-                announced["app_dir"] = announced.get("app_dir") or spec.search_path
-            resolved = with_announcement(self.operator, announced, where)
-        except (ProtocolError, ConfigError) as exc:
-            log.error("%s is not usable: %s", where, exc)
+            resolved = with_announcement(self.operator, announced.options, announced.where)
+        except ConfigError as exc:
+            log.error("%s is not usable: %s", announced.where, exc)
             return False
+        message = announced.message
         news = self.announcement is None or message != self.announcement
         if self.announcement is None or message.run_id != self.announcement.run_id:
             log.info("run %s announced in %s (task %s, %s steps, a checkpoint every %s)", message.run_id,
@@ -162,17 +147,10 @@ class Run:
         return news
 
     def _read_run_end(self) -> bool:
-        text = layout.read_run_file(self.ckpt_dir, layout.RUN_END_FILE)
-        if text is None:
+        message = read_run_end(self.ckpt_dir)
+        if message is None or message.run_id != self.run_id:
             return False
-        try:
-            message = decode(text.encode())
-        except ProtocolError as exc:
-            log.error("%s is not usable: %s", self.ckpt_dir / layout.RUN_END_FILE, exc)
-            return False
-        if isinstance(message, RunFinished) and message.run_id == self.run_id:
-            return self._end(message, str(self.ckpt_dir / layout.RUN_END_FILE))
-        return False
+        return self._end(message, str(self.ckpt_dir / layout.RUN_END_FILE))
 
     def _end(self, message: RunFinished, where: str) -> bool:
         if self.run_end is not None:
@@ -294,16 +272,3 @@ class Run:
                 log.exception("closing the %s failed during shutdown", name)
 
 
-
-def _untrusted(path: Path) -> str | None:
-    """Why code named by this file must not be run, or None. Only a file that evald's own user
-    owns and nobody else can write may name factories (docs/security.md, the trust rule)."""
-    try:
-        st = path.stat()
-    except OSError as exc:
-        return f"it cannot be examined ({exc.strerror})"
-    if st.st_uid != os.getuid():
-        return f"it is owned by uid {st.st_uid}, not by evald's uid {os.getuid()}"
-    if st.st_mode & 0o022:
-        return f"others can write it (mode {oct(st.st_mode & 0o777)})"
-    return None
