@@ -16,7 +16,7 @@ log = logging.getLogger("evald.control")
 
 
 class ControlPublisher:
-    def __init__(self, endpoint: str, run_id: str | None = None, republish_s: float = 1.0) -> None:
+    def __init__(self, endpoint: str, republish_s: float = 1.0) -> None:
         import zmq
 
         self.endpoint = endpoint
@@ -33,8 +33,6 @@ class ControlPublisher:
                           f"--control-endpoint / EVALD_CONTROL_ENDPOINT") from exc
         self.state: ControlState | None = None
         self._last_sent = 0.0
-        if run_id:
-            self.update(ControlState(run_id=run_id, seq=0))
 
     def update(self, state: ControlState) -> None:
         self.state = state
