@@ -133,6 +133,8 @@ def test_each_kind_of_damage_names_the_file_and_what(sharded, tmp_path):
     flipped[-1] ^= 0x10
     target.write_bytes(bytes(flipped))
     damaged(f"{target.name}: sha256 .* does not match")
+    target.write_bytes(np.random.default_rng(5).bytes(len(original)))   # garbage header too: still the hash
+    damaged(f"{target.name}: sha256 .* does not match .*; header length")
     target.write_bytes(original[:-5])
     damaged(f"{target.name}: {len(original) - 5} bytes on disk but the manifest says {len(original)}")
     target.write_bytes(original + b"more")              # never read past what the manifest declares

@@ -1,28 +1,16 @@
 """The checkpoint layout: the on-disk contract between the trainer hook and evald.
 
-Documented for humans in docs/checkpoint-layout.md. This module decides how a
-checkpoint directory is named, what its manifest says and how it is committed;
-evald.contracts.safetensors_io moves the bytes (hashing them on the same pass).
+Documented for humans in docs/checkpoint-layout.md (directory names, commit
+protocol, manifest). This module decides names and commits; the manifest is in
+evald.contracts.manifest, the bytes move in evald.contracts.safetensors_io
+(hashed on the same pass) and evald.contracts.parallel_io (files in parallel).
 
-A run directory (``ckpt_dir``) looks like this::
-
-    ckpt_dir/
-      RUN.json                      run announcement (atomic file write)
-      step_000000100/               one committed, weights-only checkpoint
-        weights.safetensors         (or weights-00001-of-00004.safetensors, ... when large)
-        MANIFEST.json               written last; its presence means committed
-      .step_000000200.tmp-<hex>/    a checkpoint being written (ignored)
-      evald/                        evald's own output (ledger, events, best)
-
-The commit protocol (after Orbax's atomic-rename temporary path):
-  1. write every weights file into a hidden temp directory in ``ckpt_dir``,
-     hashing each as it is written, in parallel threads; fsync each;
-  2. write ``MANIFEST.json`` (files with sizes and hashes, parameters with file
-     and offset) last; fsync it;
-  3. fsync the temp directory, ``rename`` it to ``step_<N>``, fsync ``ckpt_dir``.
-A reader therefore never sees a final name without a complete manifest, and a
-crash leaves only a temp directory, which the writer's ``remove_orphaned_temps``
-cleans at its next start.
+Commit (after Orbax's atomic-rename temporary path): every weights file into a
+hidden temp directory in ``ckpt_dir``, each hashed as written and fsynced;
+``MANIFEST.json`` last, fsynced; fsync the temp directory, rename it to
+``step_<N>``, fsync ``ckpt_dir``. A reader never sees a final name without a
+complete manifest; a crash leaves only a temp directory, which the trainer's
+writer removes at its next start (``remove_orphaned_temps``).
 
 This module imports neither mindspore nor zmq: the trainer's background
 writer thread and evald both use it.
@@ -32,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import re
 import secrets
@@ -43,6 +30,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from evald.contracts import parallel_io
 from evald.contracts import safetensors_io as sio
 from evald.contracts.manifest import (  # noqa: F401  (public names of the layout contract)
     HASH_ALGORITHM, HASH_VERSION, LAYOUT_VERSION, MANIFEST_FILE, READABLE_VERSIONS, WEIGHTS_FILE,
@@ -81,9 +69,6 @@ def is_temp_name(name: str) -> bool:
     )
 
 
-# ---------------------------------------------------------------- low-level IO
-
-
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -114,18 +99,11 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def plan_files(weights: Mapping[str, np.ndarray], shard_bytes: int = SHARD_BYTES
                ) -> list[tuple[str, list[tuple[str, np.ndarray]]]]:
-    """Split ``weights`` into files of about ``shard_bytes`` (whole parameters, in order)."""
-    items = list(weights.items())
-    total = sum(int(a.nbytes) for _, a in items)
-    count = max(1, math.ceil(total / max(1, shard_bytes)))
-    target, buckets, at = total / count, [[] for _ in range(count)], 0
-    for name, array in items:  # each parameter goes to the file its middle byte falls in
-        buckets[min(count - 1, int((at + array.nbytes / 2) // target) if target else 0)].append((name, array))
-        at += int(array.nbytes)
-    buckets = [b for b in buckets if b] or [[]]
-    if len(buckets) == 1:
-        return [(WEIGHTS_FILE, buckets[0])]
-    return [(f"weights-{i:05d}-of-{len(buckets):05d}.safetensors", b) for i, b in enumerate(buckets, 1)]
+    """Split ``weights`` into named files of about ``shard_bytes`` (whole parameters, in order)."""
+    groups = parallel_io.split_by_size(list(weights.items()), shard_bytes)
+    if len(groups) == 1:
+        return [(WEIGHTS_FILE, groups[0])]
+    return [(f"weights-{i:05d}-of-{len(groups):05d}.safetensors", g) for i, g in enumerate(groups, 1)]
 
 
 def write_checkpoint(
@@ -143,11 +121,9 @@ def write_checkpoint(
 ) -> Path:
     """Commit ``weights`` (host numpy arrays) as checkpoint ``step``; return its directory.
 
-    Raises AlreadyCommitted if that step is already committed (a resumed run that
-    repeats a step keeps the first checkpoint), OSError on IO failure (the temp
-    directory is removed). ``before_commit`` is a test seam: it runs with the
-    complete temp directory just before the rename. ``threads`` defaults to one
-    per usable core (at most one per file).
+    AlreadyCommitted if that step is committed (a resumed run repeating a step keeps
+    the first); OSError on IO failure (the temp directory is removed). ``before_commit``
+    is a test seam run on the complete temp directory just before the rename.
     """
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / step_dir_name(step)
@@ -157,7 +133,7 @@ def write_checkpoint(
     tmp = ckpt_dir / f".{step_dir_name(step)}.tmp-{secrets.token_hex(6)}"
     tmp.mkdir(parents=True)
     try:
-        written = sio.write_files(tmp, plan, HASH_ALGORITHM, threads)
+        written = parallel_io.write_files(tmp, plan, HASH_ALGORITHM, threads)
         order = {name: i for i, name in enumerate(weights)}
         manifest = Manifest(
             run_id=run_id,
@@ -204,16 +180,13 @@ def read_manifest(step_dir: Path) -> Manifest:
 
 def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np.ndarray] | None = None,
                     threads: int | None = None) -> dict[str, np.ndarray]:
-    """``{parameter name: array}`` of a committed checkpoint, every file read once and verified.
+    """``{parameter name: array}``: every file read once, in parallel, hashed as it is read.
 
-    Files are read in parallel threads (``threads``: default one per usable
-    core), each hashed as it is read; sizes are checked before reading and no
-    read goes past what the manifest declares. A parameter named in ``into``
-    (a writable C-contiguous array of its shape and dtype) is read straight into
-    that array, which is what the result holds for it; names of ``into`` that the
-    checkpoint lacks are not touched. Raises LayoutError naming the file and the
-    problem; after a LayoutError the arrays of ``into`` hold unspecified bytes
-    and must not be used until a later read succeeds.
+    Sizes are checked before reading; no read goes past what the manifest declares.
+    A parameter named in ``into`` (a writable C-contiguous array of its shape and
+    dtype) is read straight into that array; other names of ``into`` are not touched.
+    LayoutError names the file and the problem; the arrays of ``into`` then hold
+    unspecified bytes until a later read succeeds.
     """
     step_dir, into = Path(step_dir), into or {}
     jobs = []
@@ -225,7 +198,7 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
                      "algorithm": manifest.hash_algorithm, "expected": expected,
                      "into": {p.name: into[p.name] for p in params if p.name in into}})
     try:
-        arrays = sio.read_files(jobs, threads)
+        arrays = parallel_io.read_files(jobs, threads)
     except sio.WeightsFileError as exc:
         raise LayoutError(str(exc)) from exc
     found = {(n, a.dtype.name, tuple(a.shape)) for n, a in arrays.items()}
@@ -236,11 +209,8 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
 
 
 def verify_weights(step_dir: Path, manifest: Manifest) -> Path:
-    """Deprecated (reads the file twice with a later load): use read_checkpoint.
-
-    Checks a single-file checkpoint's size and hash against the manifest and
-    returns the file's path; a checkpoint of several files raises LayoutError.
-    """
+    """Deprecated (a later load reads the file again): use read_checkpoint. Verifies a
+    single-file checkpoint and returns its file's path; several files: LayoutError."""
     if len(manifest.files) != 1:
         raise LayoutError(f"{step_dir}: {len(manifest.files)} weights files; read it with read_checkpoint")
     read_checkpoint(step_dir, manifest, threads=1)

@@ -10,8 +10,8 @@ the data with no holes, then the data, little-endian, C order.
 Every byte is touched once. Writing hashes each chunk as it goes to the file,
 so the file is never read back. Reading puts each chunk straight into its
 destination array and hashes it there while it is still in the CPU cache.
-Several files run in parallel threads: hashlib, ``write`` and ``readinto``
-release the GIL. Neither mindspore nor the safetensors package is imported.
+evald.contracts.parallel_io runs several files at once. Neither mindspore nor
+the safetensors package is imported.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import math
 import os
 import stat
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -40,6 +39,10 @@ _FROM_SAFETENSORS = {v: k for k, v in _TO_SAFETENSORS.items()}
 
 class WeightsFileError(ValueError):
     """A weights file is missing, of the wrong size or kind, malformed or corrupted."""
+
+
+class Abandoned(WeightsFileError):
+    """Stopped because another file of the same checkpoint failed (that failure is the news)."""
 
 
 @dataclass(frozen=True)
@@ -122,25 +125,11 @@ def _little_endian(name: str, array: np.ndarray) -> np.ndarray:
 def _write_hashed(fd: int, data: memoryview, digest, stop: threading.Event | None) -> None:
     for pos in range(0, len(data), CHUNK_BYTES):
         if stop is not None and stop.is_set():
-            raise WeightsFileError("write abandoned: another file of this checkpoint failed")
+            raise Abandoned("write abandoned: another file of this checkpoint failed")
         chunk = data[pos:pos + CHUNK_BYTES]
         digest.update(chunk)
         while chunk:
             chunk = chunk[os.write(fd, chunk):]
-
-
-def write_files(directory: Path, plan: Sequence[tuple[str, Sequence[tuple[str, np.ndarray]]]],
-                algorithm: str, threads: int | None = None) -> list[WrittenFile]:
-    """Write each ``(file name, tensors)`` of ``plan`` into ``directory``, files in parallel."""
-    stop = threading.Event()
-
-    def one(item):
-        try:
-            return write_file(Path(directory) / item[0], item[1], algorithm, stop)
-        except BaseException:
-            stop.set()
-            raise
-    return _parallel(one, plan, threads)
 
 
 # ---------------------------------------------------------------- reading
@@ -170,10 +159,16 @@ def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
             raise WeightsFileError(f"{path}: {info.st_size} bytes on disk but the manifest says {nbytes} "
                                    f"(truncated or overwritten after commit)")
         hasher = HASHES[algorithm]()
-        segments = _read_header(fd, path, nbytes, hasher)
-        if expected is not None and sorted(segments, key=_key) != sorted(expected, key=_key):
-            raise WeightsFileError(f"{path}: its safetensors header does not list the tensors, dtypes, "
-                                   f"shapes and offsets the manifest does (written by another tool?)")
+        try:
+            segments = _read_header(fd, path, nbytes, hasher)
+            if expected is not None and sorted(segments, key=_key) != sorted(expected, key=_key):
+                raise WeightsFileError(f"{path}: its safetensors header does not list the tensors, dtypes, "
+                                       f"shapes and offsets the manifest does (written by another tool?)")
+        except WeightsFileError as exc:
+            # Corruption or a lying manifest? Hash the rest (bounded by nbytes) to tell which.
+            _hash_rest(fd, path, nbytes, hasher, stop)
+            _compare(path, algorithm, hasher.hexdigest(), digest, f"; {str(exc).split(': ', 1)[1]}")
+            raise
         out = {}
         for seg in segments:
             dest = into.get(seg.name)
@@ -185,11 +180,23 @@ def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
             out[seg.name] = dest
     finally:
         os.close(fd)
-    found = hasher.hexdigest()
+    _compare(path, algorithm, hasher.hexdigest(), digest, "")
+    return out
+
+
+def _compare(path: Path, algorithm: str, found: str, digest: str, also: str) -> None:
     if found != digest:
         raise WeightsFileError(f"{path}: {algorithm} {found[:16]}… does not match the manifest's "
-                               f"{digest[:16]}… (corrupted on disk: bit flip or partial copy)")
-    return out
+                               f"{digest[:16]}… (corrupted on disk: bit flip or partial copy{also})")
+
+
+def _hash_rest(fd: int, path: Path, nbytes: int, hasher, stop: threading.Event | None) -> None:
+    remaining = nbytes - os.lseek(fd, 0, os.SEEK_CUR)
+    scratch = memoryview(bytearray(min(CHUNK_BYTES, max(remaining, 0))))
+    while remaining > 0:
+        take = min(remaining, len(scratch))
+        _read_hashed(fd, path, scratch[:take], hasher, stop)
+        remaining -= take
 
 
 def _key(seg: Segment):
@@ -242,7 +249,7 @@ def _check_destination(path: Path, seg: Segment, dest) -> None:
 def _read_hashed(fd: int, path: Path, dest: memoryview, hasher, stop: threading.Event | None) -> None:
     for pos in range(0, len(dest), CHUNK_BYTES):
         if stop is not None and stop.is_set():
-            raise WeightsFileError(f"{path}: read abandoned: another file of this checkpoint failed")
+            raise Abandoned(f"{path}: read abandoned: another file of this checkpoint failed")
         chunk = dest[pos:pos + CHUNK_BYTES]
         done = 0
         while done < len(chunk):
@@ -251,48 +258,3 @@ def _read_hashed(fd: int, path: Path, dest: memoryview, hasher, stop: threading.
                 raise WeightsFileError(f"{path}: file ended early (truncated while being read)")
             done += got
         hasher.update(chunk)
-
-
-def read_files(jobs: Sequence[Mapping], threads: int | None = None) -> dict[str, np.ndarray]:
-    """Run ``read_file(**job)`` for each job, files in parallel; all tensors in one dict."""
-    stop = threading.Event()
-
-    def one(job):
-        try:
-            return read_file(**job, stop=stop)
-        except BaseException:
-            stop.set()
-            raise
-    out: dict[str, np.ndarray] = {}
-    for arrays in _parallel(one, jobs, threads):
-        out.update(arrays)
-    return out
-
-
-def default_threads(files: int) -> int:
-    """One thread per usable core (a pinned evald gets its own core count), at most one per file."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, min(files, cores))
-
-
-def _parallel(fn, items: Sequence, threads: int | None) -> list:
-    if not items:
-        return []
-    workers = threads or default_threads(len(items))
-    if workers <= 1 or len(items) == 1:
-        return [fn(item) for item in items]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="evald-io") as pool:
-        futures = [pool.submit(fn, item) for item in items]
-        errors = [f.exception() for f in futures]
-    first = next((e for e in errors if e is not None and not _abandoned(e)), None) or \
-        next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise first
-    return [f.result() for f in futures]
-
-
-def _abandoned(exc: BaseException) -> bool:
-    return isinstance(exc, WeightsFileError) and "abandoned" in str(exc)
