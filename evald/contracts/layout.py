@@ -43,7 +43,7 @@ STEP_DIR_PATTERN = re.compile(r"^step_(\d{9,})$")
 TEMP_DIR_PATTERN = re.compile(r"^\.step_(\d+)\.tmp-[0-9a-f]+$")
 # A snapshot larger than this is split into files of about this size (whole parameters each),
 # written, hashed and later read in parallel threads. See docs/performance.md for the choice.
-SHARD_BYTES = 256 << 20
+SHARD_BYTES = 128 << 20
 
 
 def step_dir_name(step: int) -> str:

@@ -1,0 +1,249 @@
+"""Checkpoint I/O at LLM scale: before/after, side by side with plain numpy/file floors, one run.
+
+    .venv/bin/python -m bench.scale [--sizes 0.25,1,4] [--reps 3] [--dir DIR] [--json OUT]
+
+For each size, two child processes (so that memory is measured cleanly and a 4 GB run fits):
+``trainer`` builds a MindSpore network holding that many bytes of fp32 weights in 32
+parameters and times, per repetition, interleaved:
+  hook    floor np.copyto of the live views into warm arrays | now host_copy_of_weights (fresh
+          arrays) | new HostBuffers.copy (reused buffers; steady state, the first call is reported
+          apart);
+  commit  floor one file, one thread: write + fsync | now the version-1 commit (bench/scale_legacy)
+          | new layout.write_checkpoint;
+``evald`` builds the same network, compiles it (Graph mode), then times, with the page cache hot
+(files just written or read) and cold (evicted with POSIX_FADV_DONTNEED before each arm):
+  evald   floor one read (readinto a warm buffer, one thread) of the new checkpoint's files |
+          now version-1 verify + load + load_param_into_net | new NetworkWeights.load;
+and the peak RSS above idle while loading (VmHWM after resetting it through /proc/self/clear_refs).
+Medians over the repetitions; ratios are arm / floor of the same bytes in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+PARAMS = 32
+
+
+def _network(total_bytes: int, seed: int | None):
+    import mindspore as ms
+    from mindspore import nn
+
+    class Weights(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(seed or 0)
+            n = total_bytes // 4 // PARAMS
+            self.ws = ms.ParameterTuple([ms.Parameter(ms.Tensor(
+                rng.random(n, dtype=np.float32) if seed is not None else np.zeros(n, np.float32)),
+                name=f"layers.{i}.weight") for i in range(PARAMS)])
+
+        def construct(self, x):
+            out = x
+            for w in self.ws:
+                out = out + w[0]
+            return out
+    return Weights()
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def _status(key: str) -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _evict(paths) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+
+
+def trainer(total: int, root: Path, reps: int) -> dict:
+    from bench import scale_legacy
+    from evald.contracts import layout
+    from trainer_hooks.host_copy import HostBuffers, host_copy_of_weights
+
+    net = _network(total, seed=1)
+    views = {n: p.asnumpy() for n, p in net.parameters_and_names()}
+    buffers = HostBuffers()
+    first, _ = _timed(lambda: buffers.copy(net)())
+    floor_arrays = {n: np.ones_like(v) for n, v in views.items()}  # warm, like the reused buffers
+    rows = []
+    for rep in range(reps):  # the blocking copy, alone: nothing else disturbs the caches
+        row = {}
+        row["hook_now"], fresh = _timed(lambda: host_copy_of_weights(net))
+        del fresh
+        row["hook_floor"], _ = _timed(lambda: [np.copyto(floor_arrays[n], v) for n, v in views.items()])
+        row["hook_new"], weights = _timed(lambda: buffers.copy(net)())
+        rows.append(row)
+    del floor_arrays
+    for rep, row in enumerate(rows):
+        row["commit_now"], old = _timed(lambda: scale_legacy.write_checkpoint_v1(root / "now", rep, weights))
+        row["commit_floor"], _ = _timed(lambda: _write_once(root / "floor.bin", views.values()))
+        os.unlink(root / "floor.bin")
+        row["commit_new"], new = _timed(lambda: layout.write_checkpoint(root / "new", rep, weights, run_id="b"))
+        if rep < reps - 1:
+            shutil.rmtree(old)
+            shutil.rmtree(new)
+    return {"hook_first": first, "rows": rows, "files": len(layout.read_manifest(new).files)}
+
+
+def _write_once(path: Path, arrays) -> None:
+    with open(path, "wb", buffering=0) as f:
+        for array in arrays:
+            f.write(memoryview(array.reshape(-1).view(np.uint8)))
+        os.fsync(f.fileno())
+
+
+def evald(total: int, root: Path, reps: int) -> dict:
+    import mindspore as ms
+
+    from bench import scale_legacy
+    from evald.contracts import layout
+    from evald.hot_swap import NetworkWeights
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = _network(total, seed=None)
+    net(ms.Tensor(np.zeros(1, np.float32)))  # compiled once, as evald does
+    swap = NetworkWeights(net)
+    idle_rss = _status("VmRSS")
+    [(_, new_dir)] = layout.list_committed(root / "new")
+    [(_, old_dir)] = layout.list_committed(root / "now")
+    manifest = layout.read_manifest(new_dir)
+    new_files = [new_dir / f.name for f in manifest.files]
+    old_files = [old_dir / "weights.safetensors"]
+    floor_buffer = np.ones(sum(f.bytes for f in manifest.files), np.uint8)  # warm
+    rows = []
+    for rep in range(reps):
+        row = {}
+        for cache in ("hot", "cold"):
+            if cache == "cold":
+                _evict(new_files)
+            row[f"read_floor_{cache}"], _ = _timed(lambda: _read_once(new_files, floor_buffer))
+            for arm, files, load in (("now", old_files, lambda: scale_legacy.load_and_swap_v1(old_dir, net)),
+                                     ("new", new_files, lambda: swap.load(new_dir, manifest))):
+                if cache == "cold":
+                    _evict(files)
+                idle = _status("VmRSS")
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")  # reset the peak (VmHWM) to the current RSS
+                row[f"read_{arm}_{cache}"], _ = _timed(load)
+                row[f"rss_{arm}_{cache}"] = _status("VmHWM") - idle
+        rows.append(row)
+    check = {n: v.copy() for n, v in swap.destinations().items()}
+    scale_legacy.load_and_swap_v1(old_dir, net)
+    assert all(np.array_equal(check[n], v) for n, v in swap.destinations().items()), "arms loaded different weights"
+    row = {"hash_only": _timed(lambda: _hash_parallel(floor_buffer, len(os.sched_getaffinity(0))))[0]}
+    return {"rows": rows, "hash": row, "idle_rss": idle_rss, "end_rss": _status("VmRSS")}
+
+
+def _read_once(paths, buffer: np.ndarray) -> None:
+    view, at = memoryview(buffer), 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while got := f.readinto(view[at:at + (64 << 20)]):
+                at += got
+
+
+def _hash_parallel(buffer: np.ndarray, threads: int) -> None:
+    parts = np.array_split(buffer, threads)
+    workers = [threading.Thread(target=lambda p=p: hashlib.sha256(memoryview(p)).digest()) for p in parts]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
+def _child(role: str, gb: float, root: Path, reps: int) -> dict:
+    env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-m", "bench.scale", "--role", role, "--sizes", str(gb),
+                          "--dir", str(root), "--reps", str(reps)], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _median(rows, key):
+    return statistics.median(r[key] for r in rows)
+
+
+def report(gb: float, total: int, t: dict, e: dict) -> list[str]:
+    tr, er = t["rows"], e["rows"]
+    lines = [f"### {gb:g} GB ({total / 1e9:.2f} GB of fp32 weights, {PARAMS} parameters, "
+             f"{t['files']} files)", "",
+             "| step | floor | now | new | now / floor | new / floor |", "|---|---|---|---|---|---|"]
+    for label, floor, now, new in (
+            ("hook: host copy (blocks training)", "hook_floor", "hook_now", "hook_new"),
+            ("commit: write + fsync + hash + manifest", "commit_floor", "commit_now", "commit_new")):
+        f, n, w = (_median(tr, k) for k in (floor, now, new))
+        lines.append(f"| {label} | {f:.3f} s | {n:.3f} s | {w:.3f} s | {n / f:.2f} | **{w / f:.2f}** |")
+    for cache in ("hot", "cold"):
+        f, n, w = (_median(er, f"read_{a}_{cache}") for a in ("floor", "now", "new"))
+        lines.append(f"| evald: read + verify + swap, page cache {cache} | {f:.3f} s | {n:.3f} s | {w:.3f} s "
+                     f"| {n / f:.2f} | **{w / f:.2f}** |")
+    lines += ["", f"- hook, first snapshot (allocates the reused buffers): {t['hook_first']:.3f} s",
+              f"- sha256 alone of the same bytes in memory, one thread per core: {e['hash']['hash_only']:.3f} s",
+              f"- evald RSS idle after compiling {e['idle_rss'] / 1e9:.2f} GB, at the end {e['end_rss'] / 1e9:.2f} GB; peak RSS above idle while loading (hot / cold): "
+              f"now {_median(er, 'rss_now_hot') / total:.2f}x / {_median(er, 'rss_now_cold') / total:.2f}x, "
+              f"new {_median(er, 'rss_new_hot') / total:.3f}x / {_median(er, 'rss_new_cold') / total:.3f}x "
+              f"the checkpoint size", ""]
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="0.25,1,4", help="GB of weights, comma-separated")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: ./.bench-scale)")
+    p.add_argument("--json", default=None, help="also write every measurement here")
+    p.add_argument("--role", choices=("trainer", "evald"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    sizes = [float(s) for s in args.sizes.split(",")]
+    if args.role:
+        total = int(sizes[0] * 2**30) // (4 * PARAMS) * 4 * PARAMS
+        result = (trainer if args.role == "trainer" else evald)(total, Path(args.dir), args.reps)
+        print(json.dumps(result))
+        return 0
+    base = Path(args.dir or ".bench-scale").resolve()
+    lines, everything = [], {}
+    for gb in sizes:
+        root = base / f"{gb:g}GB"
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        try:
+            t = _child("trainer", gb, root, args.reps)
+            e = _child("evald", gb, root, args.reps)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        total = int(gb * 2**30) // (4 * PARAMS) * 4 * PARAMS
+        everything[gb] = {"trainer": t, "evald": e}
+        lines += report(gb, total, t, e)
+        print("\n".join(report(gb, total, t, e)), flush=True)
+    shutil.rmtree(base, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
