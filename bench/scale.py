@@ -116,7 +116,9 @@ def _write_once(path: Path, arrays) -> None:
         os.fsync(f.fileno())
 
 
-def evald(total: int, root: Path, reps: int) -> dict:
+def evald(total: int, root: Path, reps: int, arm: str) -> dict:
+    """One process per arm: the old path grows the heap (it is measured, not the point here),
+    and a 4 GB run must fit in memory beside it."""
     import mindspore as ms
 
     from bench import scale_legacy
@@ -131,44 +133,58 @@ def evald(total: int, root: Path, reps: int) -> dict:
     [(_, new_dir)] = layout.list_committed(root / "new")
     [(_, old_dir)] = layout.list_committed(root / "now")
     manifest = layout.read_manifest(new_dir)
-    new_files = [new_dir / f.name for f in manifest.files]
-    old_files = [old_dir / "weights.safetensors"]
-    floor_buffer = np.ones(sum(f.bytes for f in manifest.files), np.uint8)  # warm
+    files = [new_dir / f.name for f in manifest.files] if arm == "new" else [old_dir / "weights.safetensors"]
+    load = (lambda: swap.load(new_dir, manifest)) if arm == "new" else (
+        lambda: scale_legacy.load_and_swap_v1(old_dir, net))
     rows = []
     for rep in range(reps):
         row = {}
         for cache in ("hot", "cold"):
-            if cache == "cold":
-                _evict(new_files)
-            row[f"read_floor_{cache}"], _ = _timed(lambda: _read_once(new_files, floor_buffer))
-            for arm, files, load in (("now", old_files, lambda: scale_legacy.load_and_swap_v1(old_dir, net)),
-                                     ("new", new_files, lambda: swap.load(new_dir, manifest))):
+            if arm == "new":  # the floor reads the same files into the same (warm) parameter memory
                 if cache == "cold":
                     _evict(files)
-                idle = _status("VmRSS")
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")  # reset the peak (VmHWM) to the current RSS
-                row[f"read_{arm}_{cache}"], _ = _timed(load)
-                row[f"rss_{arm}_{cache}"] = _status("VmHWM") - idle
+                row[f"read_floor_{cache}"], _ = _timed(lambda: _read_once(files, swap.destinations().values()))
+            if cache == "cold":
+                _evict(files)
+            idle = _status("VmRSS")
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak (VmHWM) to the current RSS
+            row[f"read_{arm}_{cache}"], _ = _timed(load)
+            row[f"rss_{arm}_{cache}"] = _status("VmHWM") - idle
         rows.append(row)
-    check = {n: v.copy() for n, v in swap.destinations().items()}
-    scale_legacy.load_and_swap_v1(old_dir, net)
-    assert all(np.array_equal(check[n], v) for n, v in swap.destinations().items()), "arms loaded different weights"
-    row = {"hash_only": _timed(lambda: _hash_parallel(floor_buffer, len(os.sched_getaffinity(0))))[0]}
-    return {"rows": rows, "hash": row, "idle_rss": idle_rss, "end_rss": _status("VmRSS")}
+    result = {"rows": rows, "idle_rss": idle_rss, "end_rss": _status("VmRSS")}
+    if arm == "new":
+        from safetensors import safe_open
+
+        with safe_open(str(old_dir / "weights.safetensors"), "np") as f:  # both arms load the same weights
+            assert all(np.array_equal(f.get_tensor(n), v) for n, v in swap.destinations().items())
+        views = list(swap.destinations().values())
+        result["hash_only"] = _timed(lambda: _hash_parallel(views, len(os.sched_getaffinity(0))))[0]
+    return result
 
 
-def _read_once(paths, buffer: np.ndarray) -> None:
-    view, at = memoryview(buffer), 0
+def _read_once(paths, destinations) -> None:
+    """Plain reads, one thread, filling ``destinations`` (byte for byte, headers included) in turn."""
+    targets = [memoryview(d.reshape(-1).view(np.uint8)) for d in destinations] + [memoryview(bytearray(1 << 20))]
+    current, at = targets.pop(0), 0
     for path in paths:
         with open(path, "rb", buffering=0) as f:
-            while got := f.readinto(view[at:at + (64 << 20)]):
+            while True:
+                if at == len(current):
+                    current, at = (targets.pop(0) if targets else current), 0
+                got = f.readinto(current[at:at + (64 << 20)])
+                if not got:
+                    break
                 at += got
 
 
-def _hash_parallel(buffer: np.ndarray, threads: int) -> None:
-    parts = np.array_split(buffer, threads)
-    workers = [threading.Thread(target=lambda p=p: hashlib.sha256(memoryview(p)).digest()) for p in parts]
+def _hash_parallel(arrays, threads: int) -> None:
+    groups = [arrays[i::threads] for i in range(threads)]
+
+    def work(group):
+        for a in group:
+            hashlib.sha256(memoryview(a.reshape(-1).view(np.uint8))).digest()
+    workers = [threading.Thread(target=work, args=(g,)) for g in groups]
     for w in workers:
         w.start()
     for w in workers:
@@ -202,8 +218,9 @@ def report(gb: float, total: int, t: dict, e: dict) -> list[str]:
         lines.append(f"| evald: read + verify + swap, page cache {cache} | {f:.3f} s | {n:.3f} s | {w:.3f} s "
                      f"| {n / f:.2f} | **{w / f:.2f}** |")
     lines += ["", f"- hook, first snapshot (allocates the reused buffers): {t['hook_first']:.3f} s",
-              f"- sha256 alone of the same bytes in memory, one thread per core: {e['hash']['hash_only']:.3f} s",
-              f"- evald RSS idle after compiling {e['idle_rss'] / 1e9:.2f} GB, at the end {e['end_rss'] / 1e9:.2f} GB; peak RSS above idle while loading (hot / cold): "
+              f"- sha256 alone of the same bytes in memory, one thread per core: {e['hash_only']:.3f} s",
+              f"- evald RSS idle after compiling {e['idle_rss'] / 1e9:.2f} GB; at the end: now "
+              f"{e['now']['end_rss'] / 1e9:.2f} GB, new {e['end_rss'] / 1e9:.2f} GB; peak RSS above idle while loading (hot / cold): "
               f"now {_median(er, 'rss_now_hot') / total:.2f}x / {_median(er, 'rss_now_cold') / total:.2f}x, "
               f"new {_median(er, 'rss_new_hot') / total:.3f}x / {_median(er, 'rss_new_cold') / total:.3f}x "
               f"the checkpoint size", ""]
@@ -216,12 +233,15 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: ./.bench-scale)")
     p.add_argument("--json", default=None, help="also write every measurement here")
-    p.add_argument("--role", choices=("trainer", "evald"), help=argparse.SUPPRESS)
+    p.add_argument("--role", choices=("trainer", "evald-now", "evald-new"), help=argparse.SUPPRESS)
     args = p.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
     if args.role:
         total = int(sizes[0] * 2**30) // (4 * PARAMS) * 4 * PARAMS
-        result = (trainer if args.role == "trainer" else evald)(total, Path(args.dir), args.reps)
+        if args.role == "trainer":
+            result = trainer(total, Path(args.dir), args.reps)
+        else:
+            result = evald(total, Path(args.dir), args.reps, args.role.split("-")[1])
         print(json.dumps(result))
         return 0
     base = Path(args.dir or ".bench-scale").resolve()
@@ -232,7 +252,11 @@ def main() -> int:
         root.mkdir(parents=True)
         try:
             t = _child("trainer", gb, root, args.reps)
-            e = _child("evald", gb, root, args.reps)
+            now = _child("evald-now", gb, root, args.reps)
+            e = _child("evald-new", gb, root, args.reps)
+            e["now"] = now
+            for row, other in zip(e["rows"], now["rows"]):
+                row.update(other)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         total = int(gb * 2**30) // (4 * PARAMS) * 4 * PARAMS
