@@ -1,6 +1,6 @@
 """Checkpoint I/O at LLM scale: before/after, side by side with plain numpy/file floors, one run.
 
-    .venv/bin/python -m bench.scale [--sizes 0.25,1,4] [--reps 3] [--dir DIR] [--json OUT]
+    .venv/bin/python -m bench.scale [--sizes 0.25,1,4] [--reps 5] [--dir DIR] [--json OUT]
 
 For each size, two child processes (so that memory is measured cleanly and a 4 GB run fits):
 ``trainer`` builds a MindSpore network holding that many bytes of fp32 weights in 32
@@ -15,7 +15,8 @@ parameters and times, per repetition, interleaved:
   evald   floor one read (readinto a warm buffer, one thread) of the new checkpoint's files |
           now version-1 verify + load + load_param_into_net | new NetworkWeights.load;
 and the peak RSS above idle while loading (VmHWM after resetting it through /proc/self/clear_refs).
-Medians over the repetitions; ratios are arm / floor of the same bytes in the same run.
+Times are medians over the repetitions; a ratio is the median (and range) of arm / floor measured
+next to each other in the same repetition, on the same bytes.
 """
 
 from __future__ import annotations
@@ -203,34 +204,44 @@ def _median(rows, key):
     return statistics.median(r[key] for r in rows)
 
 
+GOALS = {"hook": 1.2, "commit": 1.3, "evald": 1.5}
+
+
+def _ratio(rows, arm, floor) -> str:
+    """Median of the per-repetition ratios (each arm against the floor measured next to it), and their range."""
+    ratios = [r[arm] / r[floor] for r in rows]
+    return f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+
+
 def report(gb: float, total: int, t: dict, e: dict) -> list[str]:
     tr, er = t["rows"], e["rows"]
     lines = [f"### {gb:g} GB ({total / 1e9:.2f} GB of fp32 weights, {PARAMS} parameters, "
              f"{t['files']} files)", "",
-             "| step | floor | now | new | now / floor | new / floor |", "|---|---|---|---|---|---|"]
-    for label, floor, now, new in (
-            ("hook: host copy (blocks training)", "hook_floor", "hook_now", "hook_new"),
-            ("commit: write + fsync + hash + manifest", "commit_floor", "commit_now", "commit_new")):
-        f, n, w = (_median(tr, k) for k in (floor, now, new))
-        lines.append(f"| {label} | {f:.3f} s | {n:.3f} s | {w:.3f} s | {n / f:.2f} | **{w / f:.2f}** |")
-    for cache in ("hot", "cold"):
-        f, n, w = (_median(er, f"read_{a}_{cache}") for a in ("floor", "now", "new"))
-        lines.append(f"| evald: read + verify + swap, page cache {cache} | {f:.3f} s | {n:.3f} s | {w:.3f} s "
-                     f"| {n / f:.2f} | **{w / f:.2f}** |")
+             "| step | floor | now | new | now / floor | **new / floor** | goal |", "|---|---|---|---|---|---|---|"]
+    arms = [("hook: host copy (blocks training)", tr, "hook_floor", "hook_now", "hook_new", GOALS["hook"]),
+            ("commit: write + fsync + hash + manifest", tr, "commit_floor", "commit_now", "commit_new",
+             GOALS["commit"])]
+    arms += [(f"evald: read + verify + swap, page cache {c}", er, f"read_floor_{c}", f"read_now_{c}",
+              f"read_new_{c}", GOALS["evald"]) for c in ("hot", "cold")]
+    for label, rows, floor, now, new, goal in arms:
+        f, n, w = (_median(rows, k) for k in (floor, now, new))
+        lines.append(f"| {label} | {f:.3f} s | {n:.3f} s | {w:.3f} s | {_ratio(rows, now, floor)} "
+                     f"| **{_ratio(rows, new, floor)}** | <= {goal} |")
     lines += ["", f"- hook, first snapshot (allocates the reused buffers): {t['hook_first']:.3f} s",
               f"- sha256 alone of the same bytes in memory, one thread per core: {e['hash_only']:.3f} s",
               f"- evald RSS idle after compiling {e['idle_rss'] / 1e9:.2f} GB; at the end: now "
-              f"{e['now']['end_rss'] / 1e9:.2f} GB, new {e['end_rss'] / 1e9:.2f} GB; peak RSS above idle while loading (hot / cold): "
-              f"now {_median(er, 'rss_now_hot') / total:.2f}x / {_median(er, 'rss_now_cold') / total:.2f}x, "
-              f"new {_median(er, 'rss_new_hot') / total:.3f}x / {_median(er, 'rss_new_cold') / total:.3f}x "
-              f"the checkpoint size", ""]
+              f"{e['now']['end_rss'] / 1e9:.2f} GB, new {e['end_rss'] / 1e9:.2f} GB",
+              f"- evald peak RSS above idle while loading, as a multiple of the checkpoint size (hot / cold): "
+              f"now {_median(er, 'rss_now_hot') / total:.2f} / {_median(er, 'rss_now_cold') / total:.2f}, "
+              f"new {_median(er, 'rss_new_hot') / total:.3f} / {_median(er, 'rss_new_cold') / total:.3f} "
+              f"(goal <= 1.3)", ""]
     return lines
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="0.25,1,4", help="GB of weights, comma-separated")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=5)
     p.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: ./.bench-scale)")
     p.add_argument("--json", default=None, help="also write every measurement here")
     p.add_argument("--role", choices=("trainer", "evald-now", "evald-new"), help=argparse.SUPPRESS)
