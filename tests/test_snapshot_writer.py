@@ -113,3 +113,30 @@ def test_the_writer_removes_its_own_old_orphans_when_it_starts(tmp_path):
     writer.close()
     assert not old.exists() and young.exists() and foreign.exists()
     assert writer.orphans_removed == 1
+
+
+def test_prepared_buffers_are_the_ones_the_first_snapshot_fills(tmp_path, monkeypatch):
+    gate = GatedCommits(monkeypatch)
+    gate.release.set()
+    net = nn.Dense(64, 32)
+    writer = SnapshotWriter(tmp_path, "r", on_committed=lambda *a: None)
+    assert writer.prepare(net)
+    deadline = time.time() + 30
+    while not writer.buffers.arrays and time.time() < deadline:
+        time.sleep(0.005)
+    prepared = {n: a.ctypes.data for n, a in writer.buffers.arrays.items()}
+    assert set(prepared) == {"weight", "bias"}
+    assert writer.try_snapshot(1, net)
+    writer.close()
+    assert gate.pointers == [prepared]
+    assert np.array_equal(saved(tmp_path, 1)["weight"], net.weight.asnumpy())
+
+
+def test_a_snapshot_right_after_prepare_is_taken_not_skipped(tmp_path):
+    net = nn.Dense(512, 512)
+    for _ in range(5):  # whichever comes first, the preparation or the snapshot
+        writer = SnapshotWriter(tmp_path / str(_), "r", on_committed=lambda *a: None)
+        writer.prepare(net)
+        assert writer.try_snapshot(1, net) and writer.skipped_busy == 0
+        writer.close()
+        assert np.array_equal(saved(tmp_path / str(_), 1)["weight"], net.weight.asnumpy())

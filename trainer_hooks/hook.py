@@ -146,6 +146,8 @@ class EvaldHook:
                               "host": socket.gethostname(), "pid": os.getpid()},
                     keep_last=keep_last,
                 )
+                if network is not None:
+                    self.writer.prepare(network, optimizer)
                 announcement = RunAnnounced(
                     run_id=self.run_id, ckpt_dir=str(self.ckpt_dir), task=task,
                     model_factory=_factory(model_factory, "model_factory"),

@@ -70,6 +70,30 @@ class HostBuffers:
         self._pinned: dict[str, object] = {}
         self._device_async_failed = False
 
+    @property
+    def arrays(self) -> Weights:
+        """The buffers as they stand (for inspection: the owner decides when they may be read)."""
+        return dict(self._arrays)
+
+    def allocate(self, cell, optimizer=None) -> None:
+        """Allocate and touch a buffer for every weight ahead of the first ``copy`` (CPU only).
+
+        Reads shapes and dtypes, never parameter data, so it may run beside training.
+        """
+        import mindspore as ms
+
+        if _device_target() != "CPU":
+            return
+        arrays = {}
+        for name, param in weight_parameters(cell, optimizer):
+            try:
+                dtype = np.dtype(ms.dtype_to_nptype(param.dtype))
+            except (TypeError, KeyError, ValueError):
+                continue  # left to the first copy
+            arrays[name] = np.empty(tuple(param.shape), dtype)
+            arrays[name].fill(0)  # first touch here, not on the training thread
+        self._arrays = arrays
+
     def copy(self, cell, optimizer=None) -> Callable[[], Weights]:
         """Copy the weights of ``cell`` into the buffers; return ``ready() -> weights``.
 

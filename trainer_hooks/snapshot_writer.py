@@ -41,6 +41,12 @@ class SnapshotJob:
     resume: layout.ResumeInfo = field(default_factory=layout.ResumeInfo)
 
 
+@dataclass
+class _Prepare:
+    network: Any
+    optimizer: Any = None
+
+
 class SnapshotWriter:
     def __init__(
         self,
@@ -67,6 +73,8 @@ class SnapshotWriter:
         self._threads = threads
         self._buffers = HostBuffers()
         self._filling = False
+        self._preparing: _Prepare | None = None
+        self._allocating = False
         self._on_committed = on_committed
         self._producer = dict(producer or {})
         self._pending: SnapshotJob | None = None
@@ -90,6 +98,21 @@ class SnapshotWriter:
             self._cond.notify()
             return True
 
+    def prepare(self, network: Any, optimizer: Any = None) -> bool:
+        """Allocate the host buffers on the writer thread now, so that the first snapshot is a
+        plain copy too (first-touching fresh memory costs far more than copying into it here).
+        A snapshot due meanwhile waits for it: no longer than allocating itself would take."""
+        with self._cond:
+            if self.busy or self._closing or self._preparing is not None or self._allocating:
+                return False
+            self._preparing = _Prepare(network, optimizer)
+            self._cond.notify()
+            return True
+
+    @property
+    def buffers(self) -> HostBuffers:
+        return self._buffers
+
     def try_snapshot(self, step: int, network: Any, optimizer: Any = None, *, epoch: int | None = None,
                      resume: layout.ResumeInfo | None = None) -> bool:
         """Copy the weights into the writer's reused host buffers and queue their commit.
@@ -99,6 +122,10 @@ class SnapshotWriter:
         hook catches it) and leaves the writer idle.
         """
         with self._cond:
+            # A preparation not started yet is dropped (this copy allocates, as it would have
+            # without it); one under way is waited for: it is the allocation this copy would do.
+            self._preparing = None
+            self._cond.wait_for(lambda: not self._allocating)
             if self.busy or self._closing:
                 self.skipped_busy += 1
                 return False
@@ -146,11 +173,31 @@ class SnapshotWriter:
         for path in removed:
             log.info("removed %s: a snapshot a previous writer left half-written", path.name)
 
+    def _allocate(self) -> None:
+        with self._cond:
+            job, self._preparing = self._preparing, None
+            if job is None:  # taken back by a snapshot that came first
+                return
+            self._allocating = True
+        try:
+            self._buffers.allocate(job.network, job.optimizer)
+        except Exception as exc:  # the first snapshot allocates instead
+            log.warning("host buffers not prepared (%r); the first snapshot allocates them", exc)
+        finally:
+            with self._cond:
+                self._allocating = False
+                self._cond.notify_all()
+
     def _run(self) -> None:
+        self._allocate()  # before the orphans: a snapshot may be waiting for it
         self._remove_orphans()
         while True:
+            self._allocate()
             with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None or self._closing)
+                self._cond.wait_for(lambda: self._pending is not None or self._closing
+                                    or self._preparing is not None)
+                if self._preparing is not None:
+                    continue
                 if self._pending is None:
                     return
                 job, self._pending, self._busy = self._pending, None, True
