@@ -1,8 +1,9 @@
 """The evaluation network: built and compiled once, then fed each checkpoint's weights.
 
-Hot-swapping with ``load_param_into_net`` takes about a millisecond and does not
-recompile, while building and compiling a fresh network takes seconds. Batches keep
-one shape, so the graph compiles exactly once, when the Evaluator is built.
+Swapping weights into a compiled network does not recompile, while building and compiling
+a fresh network takes seconds; evald.hot_swap reads checkpoint files straight into the
+parameters' memory. Batches keep one shape, so the graph compiles exactly once, when the
+Evaluator is built.
 """
 
 from __future__ import annotations
@@ -10,16 +11,16 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
-
-import numpy as np
 
 from evald.checkpoints import CheckpointError
 from evald.contracts.wire import FactorySpec
 from evald.factories import call_factory
+from evald.hot_swap import NetworkWeights
 from evald.subset import SubsetInfo, fixed_batches, select_subset
 from evald.tasks import DataShapeError, ShouldAbort, make_task, never
-from evald.weights import match_names
+from evald.weights import load_into
 
 log = logging.getLogger("evald.evaluator")
 
@@ -61,24 +62,23 @@ class Evaluator:
         self.network.set_train(False)
         self.cell = self.task.build_cell(self.network)
         self.cell.set_train(False)
-        named = list(self.network.parameters_and_names())
-        self.param_specs = {name: (tuple(p.shape), str(p.dtype)) for name, p in named}
-        self._param_names = {name: p.name for name, p in named}
-        self._dtypes = {name: p.dtype for name, p in named}
+        self.weights = NetworkWeights(self.network)
         self.generation = generation
         if generation is not None:
             generation.prepare(self.network, dataset, indices)
         self.task.evaluate(self.cell, self.batches[:1])  # compile now, not at the first checkpoint
         if generation is not None:
             generation.run()
-        log.info("evaluation network ready in %.1fs: %d parameters; %s", time.time() - started, len(named),
+        log.info("evaluation network ready in %.1fs: %d parameters (%s); %s", time.time() - started,
+                 len(self.weights.specs), "read in place" if self.weights.in_place else "set_data",
                  self.subset.describe())
 
-    def evaluate(self, weights: dict[str, np.ndarray], *, strict: bool,
-                 should_abort: ShouldAbort = never) -> EvalResult:
+    def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> EvalResult:
+        """Swap in the checkpoint at ``path`` and evaluate it; CheckpointError if it is bad."""
         started = time.time()
-        matched = match_names(weights, self.param_specs, strict=strict)
-        self._swap(matched)
+        load_into(self.weights, path, kind)
+        if not self.weights.valid:  # never evaluate a network that holds two checkpoints' weights
+            raise CheckpointError(f"{path.name}: the swap did not complete")
         loaded = time.time()
         metrics = self.task.evaluate(self.cell, self.batches, should_abort)
         texts: dict[str, str] = {}
@@ -87,17 +87,3 @@ class Evaluator:
             metrics.update(gen_metrics)
             texts.update(gen_texts)
         return EvalResult(metrics, texts, loaded - started, time.time() - loaded)
-
-    def _swap(self, matched: dict[str, np.ndarray]) -> None:
-        ms = self._ms
-        # Keyed by each Parameter's own name: a wrapper cell may have prefixed it.
-        params = {
-            self._param_names[name]: ms.Parameter(ms.Tensor(np.ascontiguousarray(array), self._dtypes[name]),
-                                                  name=self._param_names[name])
-            for name, array in matched.items()
-        }
-        not_loaded, unused = ms.load_param_into_net(self.network, params, strict_load=True)
-        if not_loaded or unused:
-            # strict_load never raises; an incomplete swap would silently mix two checkpoints.
-            raise CheckpointError(f"load_param_into_net left parameters {not_loaded} unloaded and "
-                                  f"{unused} unused")

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from evald.checkpoints import FOREIGN, CheckpointDeleted, CheckpointError
+from evald.checkpoints import CheckpointDeleted, CheckpointError
 from evald.config import EvaldConfig, factory_spec
 from evald.evaluator import EvalResult, Evaluator
 from evald.ledger import DELETED, FAILED, Step
 from evald.tasks import EvaluationInterrupted, ShouldAbort
-from evald.weights import load_weights
 
 log = logging.getLogger("evald.pipeline")
 
@@ -116,8 +115,7 @@ class Pipeline:
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome:
         assert self.evaluator is not None, "ensure_built() first"
         try:
-            weights = load_weights(ckpt_dir / row.source, row.kind)
-            result = self.evaluator.evaluate(weights, strict=row.kind != FOREIGN, should_abort=self.should_abort)
+            result = self.evaluator.evaluate(ckpt_dir / row.source, row.kind, should_abort=self.should_abort)
         except EvaluationInterrupted:
             raise
         except CheckpointDeleted as exc:

@@ -1,8 +1,8 @@
-"""Reading a checkpoint's weights into host arrays, and fitting them to the network's names.
+"""Reading a checkpoint's weights into the network, and fitting names to the network's.
 
-evald-layout checkpoints are verified against their manifest (sizes, hash) before
-any value is used; foreign files are read with MindSpore's own loader. Every problem
-is a CheckpointError whose message is recorded in the ledger.
+evald-layout checkpoints are verified against their manifest (sizes, hash) as they are
+read (evald.contracts.layout, evald.hot_swap); foreign files are read with MindSpore's own
+loader. Every problem is a CheckpointError whose message is recorded in the ledger.
 """
 
 from __future__ import annotations
@@ -14,28 +14,27 @@ import numpy as np
 
 from evald.checkpoints import FOREIGN, CheckpointDeleted, CheckpointError
 from evald.contracts import layout
+from evald.hot_swap import NetworkMismatch, NetworkWeights
 
 
-def load_weights(path: Path, kind: str) -> dict[str, np.ndarray]:
-    """Host arrays of the checkpoint at ``path``; CheckpointError says what is wrong with it."""
+def load_into(weights: NetworkWeights, path: Path, kind: str) -> None:
+    """Swap the checkpoint at ``path`` into the network; CheckpointError says what is wrong with it.
+
+    evald-layout: the fit is checked from the manifest before a byte is read, then every file is
+    read once, verified as it is read, straight into the parameters' memory where it can be.
+    Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
+    """
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
     if kind == FOREIGN:
-        return load_foreign(path)
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
-
+        weights.assign(match_names(load_foreign(path), weights.specs, strict=False))
+        return
     try:
-        manifest = layout.read_manifest(path)
-        weights_path = layout.verify_weights(path, manifest)
-    except layout.LayoutError as exc:
+        weights.load(path, layout.read_manifest(path), strict=True)
+    except (layout.LayoutError, NetworkMismatch) as exc:
         if not path.exists():
             raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated") from exc
         raise CheckpointError(str(exc)) from exc
-    try:
-        return load_file(str(weights_path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{weights_path}: not a readable safetensors file ({exc})") from exc
 
 
 def load_foreign(path: Path, choice: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:

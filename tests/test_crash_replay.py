@@ -27,7 +27,6 @@ from evald.pipeline import Evaluated
 from evald.run import Run
 from evald.sinks.tensorboard import EventLog
 from evald.subset import SubsetInfo
-from evald.weights import load_weights
 from tests.harness import raw_scalar_steps
 
 STEPS = (10, 20, 30, 40, 50)
@@ -48,7 +47,8 @@ class StandInPipeline:
         return True
 
     def evaluate(self, ckpt_dir, row):
-        weights = load_weights(ckpt_dir / row.source, row.kind)  # the real read and verification
+        path = ckpt_dir / row.source
+        weights = layout.read_checkpoint(path, layout.read_manifest(path))  # the real read and verification
         self.evaluated.append(row.step)
         return Evaluated(EvalResult({"eval/loss": float(weights["w"].mean())}, {}, 0.0, 0.0))
 

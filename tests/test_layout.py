@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -23,10 +24,13 @@ def test_commit_writes_manifest_last_and_round_trips(tmp_path):
     assert path.name == "step_000000100"
     manifest = layout.read_manifest(path)
     assert (manifest.run_id, manifest.step, manifest.epoch) == ("r1", 100, 2)
+    assert manifest.layout_version == 2 and manifest.hash_algorithm == "sha256"
     assert manifest.resume == layout.ResumeInfo(1e-3, 1024.0, 7, 1600)
     assert {p.name: (p.shape, p.dtype) for p in manifest.params} == {
         "a.weight": ((4, 3), "float32"), "b": ((5,), "int32")}
-    assert layout.verify_weights(path, manifest) == path / layout.WEIGHTS_FILE
+    [spec] = manifest.files
+    data = (path / layout.WEIGHTS_FILE).read_bytes()
+    assert (spec.name, spec.bytes, spec.digest) == (layout.WEIGHTS_FILE, len(data), hashlib.sha256(data).hexdigest())
     assert layout.Manifest.from_json(manifest.to_json()) == manifest
     assert layout.list_committed(tmp_path) == [(100, path)]
 
@@ -51,6 +55,14 @@ def test_failed_write_leaves_no_checkpoint_and_no_temp(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_failing_file_among_several_fails_the_commit_and_leaves_nothing(tmp_path):
+    many = {f"p{i}": np.full(1000, i, np.float32) for i in range(6)}
+    many["p4"] = np.zeros(1000, np.complex64)  # a dtype the layout cannot store, in the 3rd file
+    with pytest.raises(ValueError, match="p4"):
+        layout.write_checkpoint(tmp_path, 5, many, run_id="r", shard_bytes=8000, threads=3)
+    assert os.listdir(tmp_path) == []
+
+
 def test_existing_step_is_not_overwritten(tmp_path):
     layout.write_checkpoint(tmp_path, 5, weights(), run_id="r")
     with pytest.raises(layout.AlreadyCommitted):
@@ -63,11 +75,11 @@ def test_verification_catches_truncation_and_bit_flips(tmp_path):
     data = bytearray((path / layout.WEIGHTS_FILE).read_bytes())
     data[-3] ^= 0x01
     (path / layout.WEIGHTS_FILE).write_bytes(bytes(data))
-    with pytest.raises(layout.LayoutError, match="sha256"):
-        layout.verify_weights(path, manifest)
+    with pytest.raises(layout.LayoutError, match="sha256 .* does not match .*bit flip"):
+        layout.read_checkpoint(path, manifest)
     (path / layout.WEIGHTS_FILE).write_bytes(bytes(data[:10]))
     with pytest.raises(layout.LayoutError, match="truncated"):
-        layout.verify_weights(path, manifest)
+        layout.read_checkpoint(path, manifest)
 
 
 def test_bad_manifests_are_clear_errors(tmp_path):
@@ -88,8 +100,12 @@ def test_orphaned_temps_are_removed_but_young_ones_kept(tmp_path):
     os.utime(old, (1, 1))
     young = tmp_path / ".step_000000004.tmp-def456"
     young.mkdir()
+    still_written = tmp_path / ".step_000000005.tmp-0123ab"   # old directory, a file written just now
+    still_written.mkdir()
+    (still_written / "weights-00002-of-00002.safetensors").write_bytes(b"x")
+    os.utime(still_written, (1, 1))
     removed = layout.remove_orphaned_temps(tmp_path, older_than_s=60)
-    assert removed == [old] and young.exists()
+    assert removed == [old] and young.exists() and still_written.exists()
 
 
 def test_names():
@@ -100,7 +116,9 @@ def test_names():
     assert not layout.is_temp_name("net-1_5.ckpt")
 
 
-def test_best_pointer(tmp_path):
+def test_best_pointer_written_by_evald_is_read_by_the_hook(tmp_path):
+    from evald.sinks.best_pointer import write_best_pointer
+
     assert layout.read_best_step(tmp_path) is None
-    layout.write_best_pointer(tmp_path, 40, "eval/loss", 1.5)
+    write_best_pointer(tmp_path / layout.EVALD_SUBDIR, 40, "tiny-1_40.ckpt", "eval/loss", 1.5)
     assert layout.read_best_step(tmp_path) == 40

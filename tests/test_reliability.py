@@ -295,7 +295,7 @@ def _kill_writer_mid_write(tmp_path: Path, procs: list, *, kills: int, seed: int
     faults.announce(ckpt)
     faults.demo_weights()
     weights = faults._weights_cache()
-    # evald watches throughout (default --orphan-temp-age-s: it must leave a live writer's temps alone).
+    # evald watches throughout; it never deletes anything in the trainer's directory.
     evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--tuning", '{"rescan_interval_s": 0.5}')
     procs.append(evald)
     orphans = attempts = 0
@@ -323,16 +323,22 @@ def _kill_writer_mid_write(tmp_path: Path, procs: list, *, kills: int, seed: int
     evald.signal(signal.SIGTERM)
     assert evald.wait(60) == 0, evald.output()[-3000:]
 
-    # A new evald removes the orphans at start and evaluates nothing new.
-    clean = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--orphan-temp-age-s", "0",
-                         "--idle-exit-s", "2", name="evald-clean")
+    # A new evald evaluates nothing new and leaves the orphans alone ...
+    clean = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--idle-exit-s", "2", name="evald-clean")
     procs.append(clean)
     assert clean.wait(120) == 0, clean.output()[-3000:]
+    temps_after_evald = len(faults.temp_dirs(ckpt))
+    # ... and the trainer's own writer removes them when the trainer starts again.
+    from trainer_hooks.snapshot_writer import SnapshotWriter
+
+    writer = SnapshotWriter(ckpt, "faults", on_committed=lambda *_: None, orphan_temp_age_s=0)
+    wait_for(lambda: writer.orphans_removed >= orphans, 30, "the writer's clean-up")
+    writer.close()
     rows = faults.ledger_rows(ckpt)
     partial = [r["key"] for r in rows if layout.parse_step_dir_name(r["key"]) is None]
     figures = dict(writer_kills=attempts, killed_mid_write=orphans, committed=len(committed),
                    evaluated=len(_evaluated(ckpt)), partial_evaluated=len(partial),
-                   orphans_removed_at_start=faults.log_count(clean, "removed orphaned temp checkpoint"),
+                   temps_left_by_evald=temps_after_evald, orphans_removed_by_writer=writer.orphans_removed,
                    temps_left=len(faults.temp_dirs(ckpt)), wall_s=round(time.time() - started, 1), seed=seed)
     _report("trainer-kill", **figures)
     assert len(temps_while_running) == orphans  # evald left a (possibly live) writer's temps alone
@@ -341,8 +347,9 @@ def _kill_writer_mid_write(tmp_path: Path, procs: list, *, kills: int, seed: int
     assert _evaluated(ckpt) == committed
     for step in committed:  # everything evaluated is complete and verifies
         directory = ckpt / layout.step_dir_name(step)
-        layout.verify_weights(directory, layout.read_manifest(directory))
-    assert figures["orphans_removed_at_start"] == orphans and figures["temps_left"] == 0
+        layout.read_checkpoint(directory, layout.read_manifest(directory))
+    assert temps_after_evald == orphans  # evald deleted nothing
+    assert figures["orphans_removed_by_writer"] == orphans and figures["temps_left"] == 0
     _one_point_per_step(ckpt / "evald", committed)
     return figures
 

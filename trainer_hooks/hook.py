@@ -146,6 +146,8 @@ class EvaldHook:
                               "host": socket.gethostname(), "pid": os.getpid()},
                     keep_last=keep_last,
                 )
+                if network is not None:
+                    self.writer.prepare(network, optimizer)
                 announcement = RunAnnounced(
                     run_id=self.run_id, ckpt_dir=str(self.ckpt_dir), task=task,
                     model_factory=_factory(model_factory, "model_factory"),
@@ -232,12 +234,11 @@ class EvaldHook:
                             "(%d skipped so far); raise every_n_steps or use faster storage",
                             step, self.writer.skipped_busy)
             return
-        weights = host_copy_of_weights(network, optimizer)
         resume = layout.ResumeInfo(
             learning_rate=self._scalar(lr), loss_scale=self._scalar(loss_scale), seed=seed,
             data_offset=data_offset,
         )
-        if self.writer.try_submit(SnapshotJob(step=step, weights=weights, epoch=epoch, resume=resume)):
+        if self.writer.try_snapshot(step, network, optimizer, epoch=epoch, resume=resume):
             self.snapshots_taken += 1
             self.last_snapshot_step = step
 

@@ -1,9 +1,18 @@
 """Writes weights snapshots to disk on a background thread, one at a time.
 
-The training thread hands over host copies of the weights with ``try_submit``.
-If the previous snapshot is still being written, the new one is skipped (and
-counted) instead of waiting: training never waits for the disk. The commit
-itself follows the checkpoint layout contract in evald.contracts.layout.
+The training thread either copies the weights into the writer's own reusable
+host buffers with ``try_snapshot`` (the usual way), or hands over host copies
+it made itself with ``try_submit``. If the previous snapshot is still being
+written, the new one is skipped (and counted) instead of waiting: training
+never waits for the disk. That one-at-a-time rule is also what makes a single
+buffer set safe: the buffers are filled only after the writer has been
+reserved under its lock, so they are never filled while being written, and
+never written while being filled.
+
+At start the writer removes its own orphaned temp directories
+(``.step_N.tmp-*`` left by a writer that died), once they are older than
+``orphan_temp_age_s``. The commit itself follows the checkpoint layout
+contract in evald.contracts.layout.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from evald.contracts import layout
+from trainer_hooks.host_copy import HostBuffers
 
 log = logging.getLogger("trainer_hooks.snapshot_writer")
 
@@ -25,9 +35,16 @@ log = logging.getLogger("trainer_hooks.snapshot_writer")
 @dataclass
 class SnapshotJob:
     step: int
-    weights: Mapping[str, np.ndarray]
+    # The arrays, or (from try_snapshot) a callable that returns them once the copy is complete.
+    weights: Mapping[str, np.ndarray] | Callable[[], Mapping[str, np.ndarray]]
     epoch: int | None = None
     resume: layout.ResumeInfo = field(default_factory=layout.ResumeInfo)
+
+
+@dataclass
+class _Prepare:
+    network: Any
+    optimizer: Any = None
 
 
 class SnapshotWriter:
@@ -39,6 +56,9 @@ class SnapshotWriter:
         on_committed: Callable[[int, Path, float], None],
         producer: Mapping[str, Any] | None = None,
         keep_last: int | None = None,
+        orphan_temp_age_s: float | None = 300.0,
+        shard_bytes: int = layout.SHARD_BYTES,
+        threads: int | None = None,
     ) -> None:
         self.ckpt_dir = Path(ckpt_dir)
         self.run_id = run_id
@@ -47,6 +67,14 @@ class SnapshotWriter:
         self.skipped_busy = 0
         self.failed = 0
         self.last_error: str | None = None
+        self.orphans_removed = 0
+        self._orphan_temp_age_s = orphan_temp_age_s
+        self._shard_bytes = shard_bytes
+        self._threads = threads
+        self._buffers = HostBuffers()
+        self._filling = False
+        self._preparing: _Prepare | None = None
+        self._allocating = False
         self._on_committed = on_committed
         self._producer = dict(producer or {})
         self._pending: SnapshotJob | None = None
@@ -58,41 +86,118 @@ class SnapshotWriter:
 
     @property
     def busy(self) -> bool:
-        return self._busy or self._pending is not None
+        return self._busy or self._filling or self._pending is not None
 
     def try_submit(self, job: SnapshotJob) -> bool:
         """Hand ``job`` to the writer; False (and counted) if a write is still running."""
         with self._cond:
-            if self._busy or self._pending is not None or self._closing:
+            if self.busy or self._closing:
                 self.skipped_busy += 1
                 return False
             self._pending = job
             self._cond.notify()
             return True
 
+    def prepare(self, network: Any, optimizer: Any = None) -> bool:
+        """Allocate the host buffers on the writer thread now, so that the first snapshot is a
+        plain copy too (first-touching fresh memory costs far more than copying into it here).
+        A snapshot due meanwhile waits for it: no longer than allocating itself would take."""
+        with self._cond:
+            if self.busy or self._closing or self._preparing is not None or self._allocating:
+                return False
+            self._preparing = _Prepare(network, optimizer)
+            self._cond.notify()
+            return True
+
+    @property
+    def buffers(self) -> HostBuffers:
+        return self._buffers
+
+    def try_snapshot(self, step: int, network: Any, optimizer: Any = None, *, epoch: int | None = None,
+                     resume: layout.ResumeInfo | None = None) -> bool:
+        """Copy the weights into the writer's reused host buffers and queue their commit.
+
+        Blocks only for the copy to host memory. False (and counted) if the
+        previous snapshot is still being written. A failed copy raises (the
+        hook catches it) and leaves the writer idle.
+        """
+        with self._cond:
+            # A preparation not started yet is dropped (this copy allocates, as it would have
+            # without it); one under way is waited for: it is the allocation this copy would do.
+            self._preparing = None
+            self._cond.wait_for(lambda: not self._allocating)
+            if self.busy or self._closing:
+                self.skipped_busy += 1
+                return False
+            self._filling = True  # reserved: from here until the job is queued, the buffers are ours
+        job = None
+        try:
+            ready = self._buffers.copy(network, optimizer)
+            job = SnapshotJob(step=step, weights=ready, epoch=epoch, resume=resume or layout.ResumeInfo())
+        finally:
+            with self._cond:
+                self._filling = False
+                if job is not None:
+                    self._pending = job
+                self._cond.notify_all()
+        return True
+
     def submit_final(self, job: SnapshotJob, timeout_s: float) -> bool:
         """At the end of training: wait (bounded) for the current write, then write ``job``."""
         with self._cond:
-            if not self._cond.wait_for(lambda: not self._busy and self._pending is None, timeout_s):
+            if not self._cond.wait_for(lambda: not self.busy, timeout_s):
                 log.warning("final snapshot at step %d skipped: previous write still running after %.0fs",
                             job.step, timeout_s)
                 self.skipped_busy += 1
                 return False
             self._pending = job
             self._cond.notify()
-            return self._cond.wait_for(lambda: not self._busy and self._pending is None, timeout_s)
+            return self._cond.wait_for(lambda: not self.busy, timeout_s)
 
     def close(self, timeout_s: float = 60.0) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: not self._busy and self._pending is None, timeout_s)
+            self._cond.wait_for(lambda: not self.busy, timeout_s)
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
 
-    def _run(self) -> None:
-        while True:
+    def _remove_orphans(self) -> None:
+        if self._orphan_temp_age_s is None:
+            return
+        try:
+            removed = layout.remove_orphaned_temps(self.ckpt_dir, older_than_s=self._orphan_temp_age_s)
+        except OSError as exc:
+            log.warning("could not look for orphaned temp checkpoints in %s: %r", self.ckpt_dir, exc)
+            return
+        self.orphans_removed += len(removed)
+        for path in removed:
+            log.info("removed %s: a snapshot a previous writer left half-written", path.name)
+
+    def _allocate(self) -> None:
+        with self._cond:
+            job, self._preparing = self._preparing, None
+            if job is None:  # taken back by a snapshot that came first
+                return
+            self._allocating = True
+        try:
+            self._buffers.allocate(job.network, job.optimizer)
+        except Exception as exc:  # the first snapshot allocates instead
+            log.warning("host buffers not prepared (%r); the first snapshot allocates them", exc)
+        finally:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None or self._closing)
+                self._allocating = False
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        self._allocate()  # before the orphans: a snapshot may be waiting for it
+        self._remove_orphans()
+        while True:
+            self._allocate()
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None or self._closing
+                                    or self._preparing is not None)
+                if self._preparing is not None:
+                    continue
                 if self._pending is None:
                     return
                 job, self._pending, self._busy = self._pending, None, True
@@ -112,9 +217,11 @@ class SnapshotWriter:
 
     def _write(self, job: SnapshotJob) -> None:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        weights = job.weights() if callable(job.weights) else job.weights
         final = layout.write_checkpoint(
-            self.ckpt_dir, job.step, job.weights, run_id=self.run_id, epoch=job.epoch,
-            resume=job.resume, producer=self._producer,
+            self.ckpt_dir, job.step, weights, run_id=self.run_id, epoch=job.epoch,
+            resume=job.resume, producer=self._producer, shard_bytes=self._shard_bytes,
+            threads=self._threads,
         )
         self.written += 1
         manifest = layout.read_manifest(final)

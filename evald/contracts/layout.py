@@ -1,24 +1,16 @@
 """The checkpoint layout: the on-disk contract between the trainer hook and evald.
 
-Documented for humans in docs/checkpoint-layout.md. This module is the only
-code that knows how a checkpoint directory is named, committed and verified.
+Documented for humans in docs/checkpoint-layout.md (directory names, commit
+protocol, manifest). This module decides names and commits; the manifest is in
+evald.contracts.manifest, the bytes move in evald.contracts.safetensors_io
+(hashed on the same pass) and evald.contracts.parallel_io (files in parallel).
 
-A run directory (``ckpt_dir``) looks like this::
-
-    ckpt_dir/
-      RUN.json                      run announcement (atomic file write)
-      step_000000100/               one committed, weights-only checkpoint
-        weights.safetensors
-        MANIFEST.json               written last; its presence means committed
-      .step_000000200.tmp-<hex>/    a checkpoint being written (ignored)
-      evald/                        evald's own output (ledger, events, best)
-
-The commit protocol (after Orbax's atomic-rename temporary path):
-  1. write every file into a hidden temp directory in ``ckpt_dir``; fsync each;
-  2. write ``MANIFEST.json`` (sizes and sha256 of the weights) last; fsync it;
-  3. fsync the temp directory, ``rename`` it to ``step_<N>``, fsync ``ckpt_dir``.
-A reader therefore never sees a final name without a complete manifest, and a
-crash leaves only a temp directory, which ``remove_orphaned_temps`` cleans.
+Commit (after Orbax's atomic-rename temporary path): every weights file into a
+hidden temp directory in ``ckpt_dir``, each hashed as written and fsynced;
+``MANIFEST.json`` last, fsynced; fsync the temp directory, rename it to
+``step_<N>``, fsync ``ckpt_dir``. A reader never sees a final name without a
+complete manifest; a crash leaves only a temp directory, which the trainer's
+writer removes at its next start (``remove_orphaned_temps``).
 
 This module imports neither mindspore nor zmq: the trainer's background
 writer thread and evald both use it.
@@ -27,36 +19,32 @@ writer thread and evald both use it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-LAYOUT_VERSION = 1
+from evald.contracts import parallel_io
+from evald.contracts import safetensors_io as sio
+from evald.contracts.manifest import (  # noqa: F401  (public names of the layout contract)
+    HASH_ALGORITHM, HASH_VERSION, LAYOUT_VERSION, MANIFEST_FILE, READABLE_VERSIONS, WEIGHTS_FILE,
+    AlreadyCommitted, FileSpec, LayoutError, Manifest, ParamSpec, ResumeInfo,
+)
+
 RUN_FILE = "RUN.json"
 RUN_END_FILE = "RUN_END.json"
-MANIFEST_FILE = "MANIFEST.json"
-WEIGHTS_FILE = "weights.safetensors"
 EVALD_SUBDIR = "evald"
 STEP_DIR_PATTERN = re.compile(r"^step_(\d{9,})$")
 TEMP_DIR_PATTERN = re.compile(r"^\.step_(\d+)\.tmp-[0-9a-f]+$")
-_HASH_CHUNK = 4 << 20
-
-
-class LayoutError(ValueError):
-    """A checkpoint directory does not follow the layout (or fails verification)."""
-
-
-class AlreadyCommitted(FileExistsError):
-    """That step is already committed: a resumed run repeating a step keeps the first checkpoint."""
+# A snapshot larger than this is split into files of about this size (whole parameters each),
+# written, hashed and later read in parallel threads. See docs/performance.md for the choice.
+SHARD_BYTES = 128 << 20
 
 
 def step_dir_name(step: int) -> str:
@@ -80,78 +68,6 @@ def is_temp_name(name: str) -> bool:
         or ".tmp" in name.rsplit("/", 1)[-1]
         or name.endswith(".part")
     )
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-
-@dataclass(frozen=True)
-class ResumeInfo:
-    """What a resume needs beyond the weights (the seed article, section 4.4)."""
-
-    learning_rate: float | None = None
-    loss_scale: float | None = None
-    seed: int | None = None
-    data_offset: int | None = None
-
-
-@dataclass(frozen=True)
-class Manifest:
-    run_id: str
-    step: int
-    epoch: int | None
-    commit_time: float
-    weights_file: str
-    weights_bytes: int
-    weights_sha256: str
-    params: tuple[ParamSpec, ...]
-    resume: ResumeInfo = field(default_factory=ResumeInfo)
-    producer: Mapping[str, Any] = field(default_factory=dict)
-    layout_version: int = LAYOUT_VERSION
-
-    def to_json(self) -> str:
-        data = asdict(self)
-        data["params"] = [
-            {"name": p.name, "shape": list(p.shape), "dtype": p.dtype} for p in self.params
-        ]
-        return json.dumps(data, indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str, source: str = "<manifest>") -> "Manifest":
-        try:
-            data = json.loads(text)
-            if data.get("layout_version") != LAYOUT_VERSION:
-                raise LayoutError(
-                    f"{source}: layout_version {data.get('layout_version')!r} is not "
-                    f"{LAYOUT_VERSION}; upgrade evald or the trainer hook so both agree"
-                )
-            params = tuple(
-                ParamSpec(p["name"], tuple(int(d) for d in p["shape"]), str(p["dtype"]))
-                for p in data["params"]
-            )
-            return cls(
-                run_id=str(data["run_id"]),
-                step=int(data["step"]),
-                epoch=None if data.get("epoch") is None else int(data["epoch"]),
-                commit_time=float(data["commit_time"]),
-                weights_file=str(data["weights_file"]),
-                weights_bytes=int(data["weights_bytes"]),
-                weights_sha256=str(data["weights_sha256"]),
-                params=params,
-                resume=ResumeInfo(**data.get("resume") or {}),
-                producer=dict(data.get("producer") or {}),
-            )
-        except LayoutError:
-            raise
-        except (ValueError, KeyError, TypeError) as exc:
-            raise LayoutError(f"{source}: not a valid manifest ({exc!r})") from exc
-
-
-# ---------------------------------------------------------------- low-level IO
 
 
 def fsync_dir(path: Path) -> None:
@@ -179,15 +95,16 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 # ---------------------------------------------------------------- writing
+
+
+def plan_files(weights: Mapping[str, np.ndarray], shard_bytes: int = SHARD_BYTES
+               ) -> list[tuple[str, list[tuple[str, np.ndarray]]]]:
+    """Split ``weights`` into named files of about ``shard_bytes`` (whole parameters, in order)."""
+    groups = parallel_io.split_by_size(list(weights.items()), shard_bytes)
+    if len(groups) == 1:
+        return [(WEIGHTS_FILE, groups[0])]
+    return [(f"weights-{i:05d}-of-{len(groups):05d}.safetensors", g) for i, g in enumerate(groups, 1)]
 
 
 def write_checkpoint(
@@ -200,41 +117,33 @@ def write_checkpoint(
     resume: ResumeInfo | None = None,
     producer: Mapping[str, Any] | None = None,
     before_commit: Callable[[Path], None] | None = None,
+    shard_bytes: int = SHARD_BYTES,
+    threads: int | None = None,
 ) -> Path:
     """Commit ``weights`` (host numpy arrays) as checkpoint ``step``; return its directory.
 
-    Raises AlreadyCommitted if that step is already committed (a resumed run that
-    repeats a step keeps the first checkpoint), OSError on IO failure (the temp
-    directory is removed). ``before_commit`` is a test seam: it runs with the
-    complete temp directory just before the rename.
+    AlreadyCommitted if that step is committed (a resumed run repeating a step keeps
+    the first); OSError on IO failure (the temp directory is removed). ``before_commit``
+    is a test seam run on the complete temp directory just before the rename.
     """
-    from safetensors.numpy import save_file  # a mindspore dependency; lazy for fast import
-
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / step_dir_name(step)
     if final.exists():
         raise AlreadyCommitted(f"checkpoint {final} is already committed; not overwriting it")
+    plan = plan_files(weights, shard_bytes)
     tmp = ckpt_dir / f".{step_dir_name(step)}.tmp-{secrets.token_hex(6)}"
     tmp.mkdir(parents=True)
     try:
-        weights_path = tmp / WEIGHTS_FILE
-        arrays = {name: np.ascontiguousarray(arr) for name, arr in weights.items()}
-        save_file(arrays, str(weights_path))
-        os.chmod(weights_path, 0o644)  # like the manifest: evald may run as another user
-        with open(weights_path, "rb+") as f:
-            os.fsync(f.fileno())
+        written = parallel_io.write_files(tmp, plan, HASH_ALGORITHM, threads)
+        order = {name: i for i, name in enumerate(weights)}
         manifest = Manifest(
             run_id=run_id,
             step=int(step),
             epoch=epoch,
             commit_time=time.time(),
-            weights_file=WEIGHTS_FILE,
-            weights_bytes=weights_path.stat().st_size,
-            weights_sha256=sha256_of_file(weights_path),
-            params=tuple(
-                ParamSpec(name, tuple(int(d) for d in arr.shape), str(arr.dtype))
-                for name, arr in arrays.items()
-            ),
+            files=tuple(FileSpec(w.name, w.nbytes, w.digest) for w in written),
+            params=tuple(sorted((ParamSpec(s.name, s.shape, s.dtype, w.name, s.offset)
+                                 for w in written for s in w.segments), key=lambda p: order[p.name])),
             resume=resume or ResumeInfo(),
             producer=dict(producer or {}),
         )
@@ -270,25 +179,34 @@ def read_manifest(step_dir: Path) -> Manifest:
     return Manifest.from_json(text, source=str(path))
 
 
-def verify_weights(step_dir: Path, manifest: Manifest) -> Path:
-    """Check the weights file's size and sha256 against the manifest; return its path."""
-    path = Path(step_dir) / manifest.weights_file
+def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np.ndarray] | None = None,
+                    threads: int | None = None) -> dict[str, np.ndarray]:
+    """``{parameter name: array}``: every file read once, in parallel, hashed as it is read.
+
+    Sizes are checked before reading; no read goes past what the manifest declares.
+    A parameter named in ``into`` (a writable C-contiguous array of its shape and
+    dtype) is read straight into that array; other names of ``into`` are not touched.
+    LayoutError names the file and the problem; the arrays of ``into`` then hold
+    unspecified bytes until a later read succeeds.
+    """
+    step_dir, into = Path(step_dir), into or {}
+    jobs = []
+    for spec in manifest.files:
+        params = [p for p in manifest.params if p.file == spec.name]
+        expected = None if manifest.layout_version == 1 else [
+            sio.Segment(p.name, p.dtype, p.shape, p.offset) for p in params]
+        jobs.append({"path": step_dir / spec.name, "nbytes": spec.bytes, "digest": spec.digest,
+                     "algorithm": manifest.hash_algorithm, "expected": expected,
+                     "into": {p.name: into[p.name] for p in params if p.name in into}})
     try:
-        size = path.stat().st_size
-    except FileNotFoundError as exc:
-        raise LayoutError(f"{path}: weights file missing (deleted after commit?)") from exc
-    if size != manifest.weights_bytes:
-        raise LayoutError(
-            f"{path}: {size} bytes on disk but the manifest says {manifest.weights_bytes} "
-            f"(truncated or overwritten after commit)"
-        )
-    digest = sha256_of_file(path)
-    if digest != manifest.weights_sha256:
-        raise LayoutError(
-            f"{path}: sha256 {digest[:16]}… does not match the manifest's "
-            f"{manifest.weights_sha256[:16]}… (corrupted on disk: bit flip or partial copy)"
-        )
-    return path
+        arrays = parallel_io.read_files(jobs, threads)
+    except sio.WeightsFileError as exc:
+        raise LayoutError(str(exc)) from exc
+    found = {(n, a.dtype.name, tuple(a.shape)) for n, a in arrays.items()}
+    if found != {(p.name, p.dtype, p.shape) for p in manifest.params}:  # version 1: no offsets to compare
+        raise LayoutError(f"{step_dir}: the weights files hold other tensors (names, dtypes or shapes) "
+                          f"than {MANIFEST_FILE} lists")
+    return {p.name: arrays[p.name] for p in manifest.params}
 
 
 def list_committed(ckpt_dir: Path) -> list[tuple[int, Path]]:
@@ -309,7 +227,7 @@ def remove_orphaned_temps(ckpt_dir: Path, older_than_s: float = 0.0) -> list[Pat
     """Delete temp checkpoint directories left by a crashed writer; return what went.
 
     ``older_than_s`` protects a writer that is still running: only temps whose
-    last change is at least that old are removed.
+    last change (of the directory or any file in it) is at least that old go.
     """
     removed = []
     now = time.time()
@@ -321,9 +239,10 @@ def remove_orphaned_temps(ckpt_dir: Path, older_than_s: float = 0.0) -> list[Pat
         if not TEMP_DIR_PATTERN.match(entry.name):
             continue
         try:
-            if now - entry.stat().st_mtime < older_than_s:
-                continue
-        except FileNotFoundError:
+            changed = max([entry.stat().st_mtime] + [e.stat().st_mtime for e in os.scandir(entry.path)])
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if now - changed < older_than_s:
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(Path(entry.path))
@@ -367,15 +286,6 @@ BEST_FILE = "best.json"
 
 def best_pointer_path(ckpt_dir: Path) -> Path:
     return Path(ckpt_dir) / EVALD_SUBDIR / BEST_FILE
-
-
-def write_best_pointer(ckpt_dir: Path, step: int, monitor: str, value: float) -> None:
-    path = best_pointer_path(ckpt_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({
-        "step": int(step), "dir": step_dir_name(step), "monitor": monitor, "value": float(value),
-        "updated_at": time.time(),
-    }))
 
 
 def read_best_step(ckpt_dir: Path) -> int | None:

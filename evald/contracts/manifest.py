@@ -1,0 +1,206 @@
+"""MANIFEST.json of the checkpoint layout: what it says, and the checks a reader makes on it.
+
+Part of the layout contract; import these names from evald.contracts.layout.
+Documented in docs/checkpoint-layout.md. Version 2 lists every weights file
+(name, bytes, digest) and, for every parameter, its file, dtype, shape and
+absolute byte offset. Version 1 (one ``weights.safetensors`` with
+``weights_sha256``) is still read. Everything is validated here, once, before
+any weights file is opened: a file name cannot leave the checkpoint directory,
+no parameter can reach past its file's declared size.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from evald.contracts import safetensors_io as sio
+
+LAYOUT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+MANIFEST_FILE = "MANIFEST.json"
+WEIGHTS_FILE = "weights.safetensors"
+HASH_ALGORITHM = "sha256"   # why: docs/performance.md ("Integrity check")
+HASH_VERSION = 1            # 1: one digest per file, of all its bytes in order
+# Reserved for partitioned snapshots written by several ranks (docs/checkpoint-layout.md);
+# this reader cannot assemble them, so it refuses them instead of misreading them.
+PARTITION_KEYS = ("parts",), ("slice", "global_shape"), ("rank",)
+_SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+
+class LayoutError(ValueError):
+    """A checkpoint directory does not follow the layout (or fails verification)."""
+
+
+class AlreadyCommitted(FileExistsError):
+    """That step is already committed: a resumed run repeating a step keeps the first checkpoint."""
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str                      # numpy dtype name
+    file: str = WEIGHTS_FILE        # the weights file that holds it
+    offset: int | None = None       # absolute byte offset in that file; None in version 1
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    name: str
+    bytes: int
+    digest: str                     # hex digest of all the file's bytes (Manifest.hash_algorithm)
+
+
+@dataclass(frozen=True)
+class ResumeInfo:
+    """What a resume needs beyond the weights (the seed article, section 4.4)."""
+
+    learning_rate: float | None = None
+    loss_scale: float | None = None
+    seed: int | None = None
+    data_offset: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    run_id: str
+    step: int
+    epoch: int | None
+    commit_time: float
+    files: tuple[FileSpec, ...]
+    params: tuple[ParamSpec, ...]
+    resume: ResumeInfo = field(default_factory=ResumeInfo)
+    producer: Mapping[str, Any] = field(default_factory=dict)
+    hash_algorithm: str = HASH_ALGORITHM
+    layout_version: int = LAYOUT_VERSION
+
+    # Version-1 names, for callers that predate several files.
+    @property
+    def weights_file(self) -> str:
+        return self._single().name
+
+    @property
+    def weights_bytes(self) -> int:
+        return self._single().bytes
+
+    @property
+    def weights_sha256(self) -> str:
+        return self._single().digest
+
+    def _single(self) -> FileSpec:
+        if len(self.files) != 1 or self.hash_algorithm != "sha256":
+            raise LayoutError(f"step {self.step}: {len(self.files)} {self.hash_algorithm}-hashed weights "
+                              f"files; use Manifest.files")
+        return self.files[0]
+
+    def to_json(self) -> str:
+        data = {k: v for k, v in asdict(self).items() if k not in ("files", "params", "hash_algorithm")}
+        if self.layout_version == 1:
+            data.update(weights_file=self.weights_file, weights_bytes=self.weights_bytes,
+                        weights_sha256=self.weights_sha256,
+                        params=[{"name": p.name, "shape": list(p.shape), "dtype": p.dtype} for p in self.params])
+        else:
+            data["hash"] = {"algorithm": self.hash_algorithm, "version": HASH_VERSION}
+            data["files"] = [{"name": f.name, "bytes": f.bytes, "digest": f.digest} for f in self.files]
+            data["params"] = [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "file": p.file,
+                               "offset": p.offset} for p in self.params]
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<manifest>") -> "Manifest":
+        try:
+            data = json.loads(text)
+            version = data.get("layout_version")
+            if version not in READABLE_VERSIONS:
+                raise LayoutError(
+                    f"{source}: layout_version {version!r} is not one this code reads {READABLE_VERSIONS}; "
+                    f"upgrade evald or the trainer hook so both agree"
+                )
+            _refuse_partitioned(data, source)
+            if version == 1:
+                algorithm = "sha256"
+                files = (FileSpec(str(data["weights_file"]), int(data["weights_bytes"]),
+                                  str(data["weights_sha256"])),)
+                params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), files[0].name)
+                               for p in data["params"])
+            else:
+                algorithm, hash_version = str(data["hash"]["algorithm"]), data["hash"]["version"]
+                if algorithm not in sio.HASHES or hash_version != HASH_VERSION:
+                    raise LayoutError(f"{source}: integrity hash {algorithm!r} version {hash_version!r} is "
+                                      f"not one this evald checks; upgrade evald")
+                files = tuple(FileSpec(str(f["name"]), int(f["bytes"]), str(f["digest"])) for f in data["files"])
+                params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), str(p["file"]),
+                                         int(p["offset"])) for p in data["params"])
+            manifest = cls(
+                run_id=str(data["run_id"]),
+                step=int(data["step"]),
+                epoch=None if data.get("epoch") is None else int(data["epoch"]),
+                commit_time=float(data["commit_time"]),
+                files=files,
+                params=params,
+                resume=ResumeInfo(**data.get("resume") or {}),
+                producer=dict(data.get("producer") or {}),
+                hash_algorithm=algorithm,
+                layout_version=int(version),
+            )
+        except LayoutError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise LayoutError(f"{source}: not a valid manifest ({exc!r})") from exc
+        _check(manifest, source)
+        return manifest
+
+
+def _shape(dims) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in dims)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in shape {list(dims)}")
+    return shape
+
+
+def _refuse_partitioned(data: Mapping, source: str) -> None:
+    top, per_param, per_file = PARTITION_KEYS
+    if (any(k in data for k in top) or any(k in p for p in data.get("params", ()) for k in per_param)
+            or any(k in f for f in data.get("files", ()) for k in per_file)):
+        raise LayoutError(f"{source}: a partitioned checkpoint (written in parts by several ranks); this "
+                          f"evald reads only whole snapshots; upgrade evald")
+
+
+def _check(manifest: Manifest, source: str) -> None:
+    """Names safe and unique, digests well-formed, every parameter inside its file."""
+    problems = []
+    digest_len = 2 * sio.HASHES[manifest.hash_algorithm]().digest_size
+    sizes = {}
+    for f in manifest.files:
+        if not _SAFE_FILE_NAME.match(f.name) or f.name == MANIFEST_FILE:
+            problems.append(f"file name {f.name!r} is not a plain weights file name")
+        if f.name in sizes:
+            problems.append(f"file {f.name!r} is listed twice")
+        if f.bytes < 8 or not re.fullmatch(f"[0-9a-f]{{{digest_len}}}", f.digest):
+            problems.append(f"file {f.name!r}: bad size {f.bytes} or {manifest.hash_algorithm} digest")
+        sizes[f.name] = f.bytes
+    seen, spans = set(), {}
+    for p in manifest.params:
+        if p.name in seen:
+            problems.append(f"parameter {p.name!r} is listed twice")
+        seen.add(p.name)
+        try:
+            nbytes = sio.Segment(p.name, p.dtype, p.shape, p.offset or 0).nbytes
+        except sio.WeightsFileError as exc:
+            problems.append(f"parameter {p.name!r}: {exc}")
+            continue
+        if p.file not in sizes:
+            problems.append(f"parameter {p.name!r} is in {p.file!r}, which the manifest does not list")
+        elif p.offset is not None:
+            if p.offset < 8 or p.offset + nbytes > sizes[p.file]:
+                problems.append(f"parameter {p.name!r} ({nbytes} bytes at {p.offset}) lies outside {p.file!r}")
+            spans.setdefault(p.file, []).append((p.offset, p.offset + nbytes, p.name))
+    for name, ranges in spans.items():
+        ranges.sort()
+        problems += [f"parameters {a[2]!r} and {b[2]!r} overlap in {name!r}"
+                     for a, b in zip(ranges, ranges[1:]) if b[0] < a[1]]
+    if problems:
+        raise LayoutError(f"{source}: not a valid manifest: " + "; ".join(problems[:5]))
