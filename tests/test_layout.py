@@ -120,5 +120,6 @@ def test_best_pointer_written_by_evald_is_read_by_the_hook(tmp_path):
     from evald.sinks.best_pointer import write_best_pointer
 
     assert layout.read_best_step(tmp_path) is None
+    (tmp_path / layout.EVALD_SUBDIR).mkdir()
     write_best_pointer(tmp_path / layout.EVALD_SUBDIR, 40, "tiny-1_40.ckpt", "eval/loss", 1.5)
     assert layout.read_best_step(tmp_path) == 40
