@@ -47,9 +47,12 @@ class ClassificationTask:
 
     def evaluate(self, cell: nn.Cell, batches: Sequence[Batch], should_abort: ShouldAbort = never
                  ) -> dict[str, float]:
-        import mindspore as ms
+        return self.metrics(self.outputs(cell, batches, should_abort))
 
-        from evald.metrics.classification import classification_metrics
+    def outputs(self, cell: nn.Cell, batches: Sequence[Batch], should_abort: ShouldAbort = never
+                ) -> dict[str, np.ndarray]:
+        """Per real sample, in subset order: the logits (float64) and the label."""
+        import mindspore as ms
 
         all_logits, all_labels = [], []
         for plugin in self.plugins:
@@ -64,8 +67,13 @@ class ClassificationTask:
             all_labels.append(labels[real].astype(np.int64))
             for plugin in self.plugins:
                 plugin.metric.update(logits[real], labels[real])
-        logits = np.concatenate(all_logits)
-        labels = np.concatenate(all_labels)
+        return {"logits": np.concatenate(all_logits), "labels": np.concatenate(all_labels)}
+
+    def metrics(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
+        """Log-loss, accuracy, macro-F1 and AUC over the subset (evald.metrics.classification)."""
+        from evald.metrics.classification import classification_metrics
+
+        logits, labels = outputs["logits"], outputs["labels"]
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         metrics = {"eval/loss": float(-log_probs[np.arange(len(labels)), labels].mean())}

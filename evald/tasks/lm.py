@@ -60,9 +60,18 @@ class LanguageModelTask:
 
     def evaluate(self, cell: nn.Cell, batches: Sequence[Batch], should_abort: ShouldAbort = never
                  ) -> dict[str, float]:
+        return self.metrics(self.outputs(cell, batches, should_abort))
+
+    def outputs(self, cell: nn.Cell, batches: Sequence[Batch], should_abort: ShouldAbort = never
+                ) -> dict[str, np.ndarray]:
+        """Per real sample, in subset order: summed NLL, correct next tokens, and tokens (float64).
+
+        Metrics are computed from these alone (``metrics``), so the samples may be evaluated
+        in parts, on several devices, and put together before the metrics are computed.
+        """
         import mindspore as ms
 
-        nll_sum = correct_sum = token_count = 0.0
+        nll_rows, correct_rows, token_rows = [], [], []
         for plugin in self.plugins:
             plugin.metric.clear()
         for batch in batches:
@@ -72,18 +81,23 @@ class LanguageModelTask:
             nll, correct = cell(ms.Tensor(window.astype(np.int32)))
             nll = nll.asnumpy().astype(np.float64)
             correct = correct.asnumpy().astype(np.float64)
-            weights = batch.weights[:, None]
-            nll_sum += float((nll * weights).sum())
-            correct_sum += float((correct * weights).sum())
-            token_count += float(weights.sum() * nll.shape[1])
             real = batch.weights > 0
+            nll_rows.append(nll[real].sum(axis=1))
+            correct_rows.append(correct[real].sum(axis=1))
+            token_rows.append(np.full(int(real.sum()), float(nll.shape[1])))
             for plugin in self.plugins:
                 plugin.metric.update(nll[real], correct[real])
-        loss = nll_sum / token_count
+        return {"nll": np.concatenate(nll_rows), "correct": np.concatenate(correct_rows),
+                "tokens": np.concatenate(token_rows)}
+
+    def metrics(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
+        """Token-weighted loss, perplexity and next-token accuracy over the subset."""
+        token_count = float(outputs["tokens"].sum())
+        loss = float(outputs["nll"].sum()) / token_count
         metrics = {
             "eval/loss": loss,
             "eval/perplexity": math.exp(min(loss, 700.0)),
-            "eval/accuracy": correct_sum / token_count,
+            "eval/accuracy": float(outputs["correct"].sum()) / token_count,
         }
         for plugin in self.plugins:
             metrics[f"eval/{plugin.name}"] = float(plugin.metric.eval())
