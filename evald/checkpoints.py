@@ -91,17 +91,20 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
 
 def _link(ckpt_dir: Path, path: Path, step: int | None) -> Rejected:
     target = Path(os.path.realpath(path))
-    if target.parent != Path(os.path.realpath(ckpt_dir)):
-        return Rejected(path.name, step, f"a link to {target}, outside the checkpoint directory: not read")
+    if target.parent != Path(os.path.realpath(ckpt_dir)):  # named as the link says: nothing of the target leaks
+        return Rejected(path.name, step, f"a link to {_link_text(path)}, outside the checkpoint directory: not read")
     return Rejected(path.name, step, f"a link to {target.name}, which is read under its own name", duplicate=True)
 
 
 def _evald(path: Path, dir_step: int) -> Found | Rejected | None:
-    if not (path / layout.MANIFEST_FILE).is_file():
+    from evald.confinement import confined
+
+    if not os.path.lexists(path / layout.MANIFEST_FILE):
         return None  # not committed by our protocol (or still being renamed into place)
     try:
-        manifest = layout.read_manifest(path)
-    except layout.LayoutError as exc:
+        with confined(path.parent, path.name, directory=True):
+            manifest = layout.read_manifest(path)
+    except (layout.LayoutError, CheckpointError) as exc:
         return Rejected(path.name, dir_step, str(exc))
     if manifest.step != dir_step:
         return Rejected(path.name, dir_step, f"its manifest says step {manifest.step} but the directory is step "
@@ -111,10 +114,14 @@ def _evald(path: Path, dir_step: int) -> Found | Rejected | None:
 
 def _foreign(path: Path, steps_per_epoch: int | None, settle_s: float, now: float | None
              ) -> Found | Rejected | None:
+    from evald.confinement import examine
+
     try:
-        st = path.stat()
-    except FileNotFoundError:
+        st = examine(path.parent, path.name, directory=False)
+    except CheckpointDeleted:
         return None
+    except CheckpointError as exc:
+        return Rejected(path.name, None, str(exc))  # a FIFO, a device, a directory: never opened
     if (now or time.time()) - st.st_mtime < settle_s:
         return None  # still changing, maybe a writer without temp+rename: re-checked later
     step_or_reason = foreign_step(path, steps_per_epoch)
@@ -135,7 +142,8 @@ def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
     if step is not None:
         return step if 0 <= step <= MAX_STEP else f"{path.name}: its step_num {step} is out of range"
     if match and steps_per_epoch:
-        return (int(match.group("epoch")) - 1) * steps_per_epoch + int(match.group("step"))
+        step = (int(match.group("epoch")) - 1) * steps_per_epoch + int(match.group("step"))
+        return step if step <= MAX_STEP else f"{path.name}: step {step} (from its name) is out of range"
     if match:
         return (f"{path.name}: epoch {match.group('epoch')} step-in-epoch {match.group('step')} cannot be "
                 f"turned into a global step; pass --foreign-steps-per-epoch, or save with "
@@ -148,7 +156,7 @@ def _step_from_contents(path: Path) -> int | None:
     from evald.weights import load_foreign
 
     try:
-        weights = load_foreign(path, choice=lambda name: name in _STEP_KEYS)
+        weights = load_foreign(path, choice=lambda name: name in _STEP_KEYS)  # confined, size-checked
     except CheckpointError as exc:
         # MindSpore raises "The loaded parameter dict is empty after filter" both for an empty
         # file and for a readable file with no step entry. Only the empty file is an error.
@@ -157,5 +165,21 @@ def _step_from_contents(path: Path) -> int | None:
         raise
     for key in _STEP_KEYS:
         if key in weights:
-            return int(np.asarray(weights[key]).reshape(-1)[0])
+            return _as_step(path, key, weights[key])
     return None
+
+
+def _as_step(path: Path, key: str, value) -> int:
+    """A step entry's one integral value (the file decides its dtype and shape: NaN, [], "x")."""
+    array = np.asarray(value).reshape(-1)
+    if array.size != 1 or array.dtype.kind not in "iuf" or not np.isfinite(array[0]) or array[0] != int(array[0]):
+        raise CheckpointError(f"{path.name}: its {key} entry ({array.dtype}{list(np.shape(value))}) is not one "
+                              f"integral step")
+    return int(array[0])
+
+
+def _link_text(path: Path) -> str:
+    try:
+        return repr(os.readlink(path))
+    except OSError:
+        return "(unreadable)"

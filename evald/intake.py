@@ -36,12 +36,15 @@ class Intake:
         """An entry appeared (or may have): admit what it carries, once. True if it was new."""
         if name in self._judged or "/" in name:
             return False
-        if self.ledger.file_status(name) is not None:
+        key = _ledger_key(name)
+        if self.ledger.file_status(key) is not None:
             self._judged.add(name)
             return False
         tuning = self.config.tuning
-        verdict = recognise(self.ckpt_dir, name, steps_per_epoch=self.config.foreign_steps_per_epoch,
-                            settle_s=tuning.foreign_settle_s, now=now)
+        if key != name:  # sqlite cannot even store it; no producer writes such names
+            verdict: Found | Rejected | None = Rejected(key, None, "its name is not valid UTF-8; not read")
+        else:
+            verdict = self._recognise(name, now)
         if verdict is None:
             if name.endswith(FOREIGN_SUFFIXES) and not layout.is_temp_name(name) and (self.ckpt_dir / name).exists():
                 self._settling[name] = (now or time.time()) + tuning.foreign_settle_s
@@ -53,6 +56,16 @@ class Intake:
         else:
             self._admit(verdict, found_via)
         return True
+
+    def _recognise(self, name: str, now: float | None) -> Found | Rejected | None:
+        """What ``name`` is; an error examining it rejects it (once, with the reason), never evald."""
+        tuning = self.config.tuning
+        try:
+            return recognise(self.ckpt_dir, name, steps_per_epoch=self.config.foreign_steps_per_epoch,
+                             settle_s=tuning.foreign_settle_s, now=now)
+        except Exception as exc:  # noqa: BLE001 - a file must never crash-loop evald (docs/security.md)
+            log.exception("examining %r raised unexpectedly; it is rejected", name)
+            return Rejected(name, None, f"examining it raised {exc!r:.300}")
 
     def recheck_settled(self, now: float | None = None) -> None:
         now = now or time.time()
@@ -94,3 +107,12 @@ class Intake:
                   f"evaluation")
         self.ledger.note_file(found.name, found.step, DUPLICATE, reason)
         log.info("ignored %s: %s", found.name, reason)
+
+
+def _ledger_key(name: str) -> str:
+    """``name`` itself, or a printable stand-in when it is not valid UTF-8 (os.scandir's surrogates)."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

@@ -13,6 +13,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from evald.checkpoints import FOREIGN, CheckpointDeleted, CheckpointError
+from evald.confinement import confined, foreign_limit
 from evald.contracts import layout
 from evald.hot_swap import NetworkMismatch, NetworkWeights
 
@@ -27,26 +28,38 @@ def load_into(weights: NetworkWeights, path: Path, kind: str) -> None:
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
     if kind == FOREIGN:
-        weights.assign(match_names(load_foreign(path), weights.specs, strict=False))
+        weights.assign(match_names(load_foreign(path, network_bytes=network_bytes(weights.specs)), weights.specs,
+                                   strict=False))
         return
     try:
-        weights.load(path, layout.read_manifest(path), strict=True)
+        with confined(path.parent, path.name, directory=True):  # never read through a link out of the directory
+            weights.load(path, layout.read_manifest(path), strict=True)
     except (layout.LayoutError, NetworkMismatch) as exc:
         if not path.exists():
             raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated") from exc
         raise CheckpointError(str(exc)) from exc
 
 
-def load_foreign(path: Path, choice: Callable[[str], bool] | None = None) -> dict[str, np.ndarray]:
+def load_foreign(path: Path, choice: Callable[[str], bool] | None = None, network_bytes: int | None = None
+                 ) -> dict[str, np.ndarray]:
+    """A foreign file read by MindSpore: only a regular file of the directory (no link, FIFO, device),
+    of a sane size (evald.confinement.foreign_limit), and still the same file after the read."""
     import mindspore as ms
 
     fmt = "safetensors" if path.suffix == ".safetensors" else "ckpt"
-    try:
-        params = ms.load_checkpoint(str(path), format=fmt, choice_func=choice)
-    except (ValueError, RuntimeError, OSError) as exc:
-        raise CheckpointError(f"{path.name}: MindSpore cannot read it ({str(exc).splitlines()[0][:300]}); "
-                              f"truncated, empty or corrupt") from exc
-    return {name: p.asnumpy() for name, p in params.items()}
+    with confined(path.parent, path.name, directory=False, limit=foreign_limit(network_bytes)):
+        try:
+            params = ms.load_checkpoint(str(path), format=fmt, choice_func=choice)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise CheckpointError(f"{path.name}: MindSpore cannot read it ({str(exc).splitlines()[0][:300]}); "
+                                  f"truncated, empty or corrupt") from exc
+        return {name: p.asnumpy() for name, p in params.items() if hasattr(p, "asnumpy")}  # not str entries
+
+
+def network_bytes(specs: Mapping[str, tuple]) -> int:
+    """Bytes of the network's weights (``{name: (shape, numpy dtype or None)}``; None counts 4 a value)."""
+    return sum(int(np.prod(shape, dtype=np.int64)) * (dtype.itemsize if dtype is not None else 4)
+               for shape, dtype in specs.values())
 
 
 def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple], *, strict: bool

@@ -32,6 +32,7 @@ import numpy as np
 
 from evald.contracts import parallel_io
 from evald.contracts import safetensors_io as sio
+from evald.contracts import small_files
 from evald.contracts.manifest import (  # noqa: F401  (public names of the layout contract)
     HASH_ALGORITHM, HASH_VERSION, LAYOUT_VERSION, MANIFEST_FILE, READABLE_VERSIONS, WEIGHTS_FILE,
     AlreadyCommitted, FileSpec, LayoutError, Manifest, ParamSpec, ResumeInfo,
@@ -170,12 +171,14 @@ def read_manifest(step_dir: Path) -> Manifest:
     """The manifest of a committed checkpoint; LayoutError if absent or invalid."""
     path = Path(step_dir) / MANIFEST_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = small_files.read_regular_text(path, small_files.MAX_MANIFEST_BYTES)  # no FIFO, link, 10 GB
     except FileNotFoundError as exc:
         raise LayoutError(
             f"{step_dir}: no {MANIFEST_FILE}; the directory was not committed by the "
             f"evald layout (half-written or foreign), so it is not evaluated"
         ) from exc
+    except (OSError, ValueError) as exc:
+        raise LayoutError(f"{path}: not read ({exc})") from exc
     return Manifest.from_json(text, source=str(path))
 
 
@@ -256,8 +259,9 @@ def write_run_file(ckpt_dir: Path, announcement_json: str) -> Path:
 
 
 def read_run_file(ckpt_dir: Path, name: str = RUN_FILE) -> str | None:
+    """None when absent; small_files.UnsafeFile (a link, FIFO, device, too big) or OSError otherwise."""
     try:
-        return (Path(ckpt_dir) / name).read_text(encoding="utf-8")
+        return small_files.read_regular_text(Path(ckpt_dir) / name, small_files.MAX_RUN_FILE_BYTES)
     except FileNotFoundError:
         return None
 

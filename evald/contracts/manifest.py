@@ -16,6 +16,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from evald.contracts import manifest_fields
 from evald.contracts import safetensors_io as sio
 
 LAYOUT_VERSION = 2
@@ -112,7 +113,7 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str, source: str = "<manifest>") -> "Manifest":
         try:
-            data = json.loads(text)
+            data = manifest_fields.parse(text)  # bounded nesting, no NaN, no 40-digit integers
             version = data.get("layout_version")
             if version not in READABLE_VERSIONS:
                 raise LayoutError(
@@ -120,6 +121,7 @@ class Manifest:
                     f"upgrade evald or the trainer hook so both agree"
                 )
             _refuse_partitioned(data, source)
+            manifest_fields.check(data, version)  # every value within bounds before it is used
             if version == 1:
                 algorithm = "sha256"
                 files = (FileSpec(str(data["weights_file"]), int(data["weights_bytes"]),

@@ -16,6 +16,7 @@ the safetensors package is imported.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -146,10 +147,12 @@ def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
     """
     into = into or {}
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError as exc:
         raise WeightsFileError(f"{path}: weights file missing (deleted after commit?)") from exc
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # never follow a link: it could lead out of the checkpoint
+            raise WeightsFileError(f"{path}: a symbolic link; a checkpoint holds only regular files") from exc
         raise WeightsFileError(f"{path}: cannot be opened ({exc.strerror})") from exc
     try:
         info = os.fstat(fd)
