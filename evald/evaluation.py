@@ -88,7 +88,7 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                        evaluated: Evaluated, queue_depth: int) -> Outcome:
     result = evaluated.result
     now = time.time()
-    newest = max(ctx.newest_checkpoint_step, ctx.newest_train_step, row.step)
+    newest = _current_step(ctx, row.step)  # the trainer's word, capped near the disk (forged steps)
     outcome = decisions.observe_eval(row.step, result.metrics, newest_step=_current_step(ctx, row.step),
                                      every_n_steps=ctx.every_n_steps)
     counts = ledger.counts()

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from evald.disk_full import guard_ledger
+
 QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
     "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
 FINAL_STATES = (EVALUATED, SKIPPED, FAILED, DELETED)
@@ -259,6 +261,9 @@ class Ledger:
         for step, reason in skips:
             db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?", (SKIPPED, reason, now, step))
             self._outbox(db, Record("eval", step, now, {}, {"evald/skipped": reason}))
+
+
+guard_ledger(Ledger)  # a full disk: wait and retry each transaction whole (evald.disk_full)
 
 
 def _migrate_v1(db: sqlite3.Connection) -> None:

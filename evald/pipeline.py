@@ -24,6 +24,7 @@ from typing import Any, Union
 from evald.checkpoints import CheckpointDeleted, CheckpointError
 from evald.config import EvaldConfig, factory_spec
 from evald.evaluator import EvalResult, Evaluator
+from evald.factories import check_allowed
 from evald.ledger import DELETED, FAILED, Step
 from evald.tasks import EvaluationInterrupted, ShouldAbort
 
@@ -79,6 +80,8 @@ class Pipeline:
         if specs == self._failed_specs:
             return False  # the same specs failed already: wait for new ones
         try:
+            for spec, what in ((model, "model"), (data, "data")):
+                check_allowed(spec, what, config.factory_allow)  # before anything is imported
             self._build(config, specs)
         except Exception as exc:  # a bad factory, plug-in or data must not crash-loop evald
             self.evaluator, self._failed_specs = None, specs

@@ -23,15 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evald import evaluation
+from evald import evaluation, trust
 from evald.config import ConfigError, ResolvedConfig, with_announcement
 from evald.contracts import layout
 from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
 from evald.decisions import Decisions
+from evald.disk_full import retry
 from evald.intake import Intake
 from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
 from evald.pipeline import Pipeline
-from evald.run_files import read_announcement, read_run_end
+from evald.run_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.sinks.best_pointer import write_best_pointer
 from evald.sinks.tensorboard import TensorBoardSink
 from evald.sources.discovery import RESCAN, WATCHDOG, Discovery
@@ -41,6 +42,7 @@ from evald.train_stream import TrainStream
 log = logging.getLogger("evald")
 
 FINAL_CHECKPOINT_GRACE_S = 60.0
+IGNORED_LOG_INTERVAL_S = 10.0
 BLOCKED_REMINDER_S = 60.0
 
 
@@ -60,6 +62,10 @@ class Run:
         self.train = TrainStream(self.ledger, self.decisions)
         self.pipeline = pipeline
         self.announcement: RunAnnounced | None = None
+        self.channel = trust.of_receiver(receiver)      # whether its messages may name factories
+        self._channel_announcement: RunAnnounced | None = None
+        self._run_file_changed = Changes(ckpt_dir / layout.RUN_FILE)
+        self._ignored_said_at = float("-inf")
         self.run_end: RunFinished | None = None
         self._end_learned_at = 0.0
         self._blocked_said_at = 0.0
@@ -109,11 +115,16 @@ class Run:
         if ckpt_dir is not None and Path(ckpt_dir).resolve() != self.ckpt_dir:
             return self._ignore(message, f"it is for {ckpt_dir}, and this evald serves {self.ckpt_dir}")
         if message.run_id != self.run_id:
-            self._read_announcement()  # a new run announces itself in RUN.json before any message
+            if self._run_file_changed():  # a new run announces itself in RUN.json before any message
+                self._read_announcement()
             if message.run_id != self.run_id:
                 return self._ignore(message, f"run {message.run_id!r} is not the run in "
                                              f"{self.ckpt_dir / layout.RUN_FILE} ({self.run_id!r})")
-        if isinstance(message, CheckpointCommitted):
+        if isinstance(message, RunAnnounced):
+            if may_name_factories(message, self.channel) and message != self._channel_announcement:
+                self._channel_announcement = message
+                self._read_announcement()
+        elif isinstance(message, CheckpointCommitted):
             self.intake.found(message.path, ZMQ)
         elif isinstance(message, TrainMetrics):
             self.train.add(message)
@@ -125,11 +136,14 @@ class Run:
 
     def _ignore(self, message: Message, why: str) -> bool:
         self.counters.ignored_messages += 1
-        log.warning("ignored a %s message: %s (%d ignored so far)", message.TYPE, why, self.counters.ignored_messages)
+        if time.monotonic() - self._ignored_said_at >= IGNORED_LOG_INTERVAL_S:  # a flood must not fill the disk
+            self._ignored_said_at = time.monotonic()
+            log.warning("ignored a %s message: %s (%d ignored so far; one such line every %.0fs at most)",
+                        message.TYPE, why, self.counters.ignored_messages, IGNORED_LOG_INTERVAL_S)
         return False
 
     def _read_announcement(self) -> bool:
-        announced = read_announcement(self.ckpt_dir)
+        announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel)
         if announced is None:
             return False
         try:
@@ -184,7 +198,7 @@ class Run:
         ready = self.pipeline.ensure_built(self.config)
         if ready and not was_ready:
             subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
-            layout.atomic_write_text(self.logdir / "subset.json", subset.to_json())
+            retry("subset.json", lambda: layout.atomic_write_text(self.logdir / "subset.json", subset.to_json()))
         return ready
 
     def work(self) -> bool:
@@ -241,7 +255,8 @@ class Run:
                    "best_step": self.decisions.best_step, "best_value": self.decisions.best_value,
                    "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts()}
         self.decisions.finish(summary)
-        layout.atomic_write_text(self.logdir / "summary.json", json.dumps(summary, indent=1))
+        text = json.dumps(summary, indent=1)
+        retry("summary.json", lambda: layout.atomic_write_text(self.logdir / "summary.json", text))
         self.ledger.add_records([Record("summary", self.run_end.final_step, time.time(), {},
                                         {"evald/summary": json.dumps(summary)})],
                                 kv={"decisions": self.decisions.state_dict(),
@@ -261,7 +276,8 @@ class Run:
         best = self.decisions.best_step
         row = self.ledger.step(best) if best is not None else None
         if row is not None:
-            write_best_pointer(self.logdir, best, row.source, self.config.monitor, self.decisions.best_value)
+            retry("best.json", lambda: write_best_pointer(self.logdir, best, row.source, self.config.monitor,
+                                                          self.decisions.best_value))
 
     def close(self) -> None:
         for name, closer in (("watcher", self.discovery.stop), ("events", self.tensorboard.close),

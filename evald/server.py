@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evald import disk_full, private_files, trust
 from evald.config import ResolvedConfig
+from evald.contracts.auth import SecurityConfig
 from evald.contracts.wire import default_control_endpoint, default_endpoint, default_socket_dir
 from evald.evaluation import SystemicFailure
 from evald.locks import InUse, Lock, directory_lock_path, endpoint_lock_path
@@ -60,6 +62,7 @@ class Server:
         self.locks: list[Lock] = []
         self._last_activity = time.monotonic()
         self._said_exiting = False
+        disk_full.stop_waiting_when(lambda: self.should_exit)  # a signal ends a wait for disk space
 
     def serve(self) -> int:
         self._install_signal_handlers()
@@ -81,6 +84,7 @@ class Server:
 
     def startup(self) -> None:
         log.info("evald starting with:\n  %s", "\n  ".join(self.resolved.describe()))
+        private_files.apply_umask(self.config.state_mode)  # before evald creates any file
         if self.config.zmq:
             self._bind()
         if self.resolved.set_by_operator("model_factory") and self.resolved.set_by_operator("data_factory"):
@@ -103,6 +107,8 @@ class Server:
         for endpoint, flag in ((self.endpoint, "--endpoint"), (control_endpoint, "--control-endpoint")):
             self.locks.append(Lock(endpoint_lock_path(endpoint, default_socket_dir()), f"endpoint {endpoint}",
                                    f"give this one another {flag} (or EVALD_SOCKET_DIR)"))
+        for endpoint in (self.endpoint, control_endpoint):  # warns about tcp://* and plaintext (until CURVE is wired)
+            SecurityConfig(allow_plaintext=True).mechanism(endpoint, "server")
         self.receiver = Receiver(self.endpoint, self.events)
         self.receiver.start()
         self.control = ControlPublisher(control_endpoint)
@@ -114,7 +120,7 @@ class Server:
         how = "give this one another --ckpt-dir"
         self.locks.append(Lock(directory_lock_path(ckpt_dir, default_socket_dir()), f"checkpoint directory "
                                f"{ckpt_dir}", how))
-        logdir.mkdir(parents=True, exist_ok=True)
+        private_files.prepare_state_dir(logdir, self.config.state_mode, evalds_own=not self.config.logdir)
         self.locks.append(Lock(logdir / "evald.lock", f"log directory {logdir}", "give this one another --logdir"))
         self.run = Run(self.resolved, ckpt_dir, logdir, control=self.control, receiver=self.receiver,
                        events=self.events, pipeline=self.pipeline)
@@ -151,7 +157,8 @@ class Server:
         while True:
             source, payload = item
             if self.run is None and source == ZMQ and getattr(payload, "ckpt_dir", None):
-                self.attach(Path(payload.ckpt_dir))  # the first notification names the run's directory
+                if trust.may_attach(trust.of_receiver(self.receiver), payload.ckpt_dir, payload.TYPE):
+                    self.attach(Path(payload.ckpt_dir))  # the first trusted notification names the directory
             if self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
             try:

@@ -24,7 +24,8 @@ from typing import Callable
 
 import numpy as np
 
-from evald.contracts.wire import ControlState, ProtocolError, decode
+from evald.contracts.auth import SecurityConfig, SecurityError, secure_client
+from evald.contracts.wire import ControlState, ProtocolError, decode, ensure_socket_dir
 
 log = logging.getLogger("trainer_hooks.stop_agreement")
 
@@ -41,6 +42,7 @@ class ControlSubscriber:
         self.ignored = 0
         self._socket = None
         self._zmq = None
+        socket = None
         try:
             import zmq
 
@@ -49,10 +51,18 @@ class ControlSubscriber:
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.CONFLATE, 1)  # only the newest state matters
             socket.setsockopt(zmq.SUBSCRIBE, b"")
+            # Only the evald this run announced to may stop it: an ipc socket in a private directory,
+            # CURVE with evald's key, or plaintext TCP only when allowed (docs/security.md).
+            ensure_socket_dir(endpoint)
+            secure_client(socket, endpoint, SecurityConfig.from_env())
             socket.connect(endpoint)
             self._socket = socket
+        except (SecurityError, PermissionError) as exc:
+            log.error("not subscribing to evald control at %s: %s; early stop disabled", endpoint, exc)
         except Exception:
             log.exception("cannot subscribe to evald control at %s; early stop disabled", endpoint)
+        if self._socket is None and socket is not None:
+            socket.close(linger=0)
 
     def poll(self) -> ControlState | None:
         """Read whatever arrived (non-blocking) and return the latest state for this run."""

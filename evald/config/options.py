@@ -60,6 +60,9 @@ class EvaldConfig:
                               kind="path", env="EVALD_APP_DIR")
     cpu_affinity: str | None = opt(None, "pin evald to these CPU cores, e.g. 1 or 2-3 (set before mindspore "
                                    "starts)", kind="cpus")
+    state_mode: str = opt("private", "who may read evald's ledger, TensorBoard events, best.json and summary: "
+                          "private (0600 files, 0700 directory) or group (0640, 0750); docs/security.md",
+                          kind="choice", choices=("private", "group"), env="EVALD_STATE_MODE")
     # --- what to evaluate
     task: str | None = opt(None, "lm or classification; default: the trainer's announcement, else lm",
                            kind="choice", choices=("lm", "classification"))
@@ -81,6 +84,9 @@ class EvaldConfig:
     metric_plugins: tuple = opt(None, "extra mindspore.train.Metric classes, 'module:Class' "
                                 "([[metric_plugins]] in TOML; repeat --metric-plugin)", kind="plugins",
                                 factory=tuple)
+    factory_allow: tuple = opt(None, "import model and data factories only from these module prefixes, e.g. "
+                               "mypkg.,examples. (default: any module a trusted source names; docs/security.md)",
+                               kind="modules", factory=tuple, env="EVALD_FACTORY_ALLOW")
     # --- when to evaluate, and when to stop serving
     lag_policy: str = opt("latest", "when checkpoints arrive faster than evaluations: latest, all or every-k",
                           kind="choice", choices=("latest", "all", "every-k"))

@@ -240,6 +240,18 @@ def _cpus(f, value, source, key):
     return str(value)
 
 
+def _modules(f, value, source, key):
+    """Module prefixes: "mypkg.,examples" (command line, environment) or a list (TOML)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(source, key, f"expected module prefixes such as 'mypkg.,examples.', got {value!r}")
+    prefixes = tuple(i.strip() for i in items if i.strip())
+    bad = [p for p in prefixes if not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\.?$", p)]
+    if bad or not prefixes:
+        raise ConfigError(source, key, f"{bad or value!r}: expected dotted module names such as mypkg. or examples")
+    return prefixes
+
+
 def _endpoint(f, value, source, key):
     text = _str(f, value, source, key)
     if not re.match(r"^(ipc://.+|tcp://[^\s/]+:\d{1,5}|none)$", text):
@@ -250,5 +262,5 @@ def _endpoint(f, value, source, key):
 _KINDS: dict[str, Callable[[Field, Any, str, str], Any]] = {
     "int": _int, "float": _float, "str": _str, "bool": _bool, "choice": _choice, "factory": _factory,
     "object": as_object, "table": _table, "plugins": _plugins, "device": _device, "cpus": _cpus,
-    "endpoint": _endpoint, "path": _str,
+    "endpoint": _endpoint, "path": _str, "modules": _modules,
 }

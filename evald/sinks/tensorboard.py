@@ -12,8 +12,10 @@ and only the missing ones are written. Each evald process writes its own file.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -23,9 +25,11 @@ from tensorboardX.proto import event_pb2, summary_pb2
 from tensorboardX.summary import scalar as scalar_summary
 from tensorboardX.summary import text as text_summary
 
+from evald.disk_full import REMIND_S, RETRY_S, is_full
 from evald.ledger import Ledger, Record
 
 log = logging.getLogger("evald.tensorboard")
+logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)  # NaN is a legal value, not one warning a point
 
 
 class EventLog:
@@ -35,9 +39,10 @@ class EventLog:
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
         suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}.evald"
+        self._good = 0  # bytes of whole, fsynced records: a failed write is cut back to this
         self._writer = EventsWriter(str(self.logdir / "events"), suffix)
         self.path = Path(self._writer._file_name)
-        self._writer.flush()
+        self._flush()
 
     def write(self, step: int, wall_time: float, scalars: Mapping[str, float] | None = None,
               texts: Mapping[str, str] | None = None) -> None:
@@ -49,8 +54,31 @@ class EventLog:
         if not values:
             return
         event = event_pb2.Event(wall_time=wall_time, step=int(step), summary=summary_pb2.Summary(value=values))
-        self._writer.write_event(event)
-        self._writer.flush()  # RecordWriter.flush fsyncs
+        self._flush(event)
+
+    def _flush(self, event: event_pb2.Event | None = None) -> None:
+        try:
+            if event is not None:
+                self._writer.write_event(event)
+            self._writer.flush()  # RecordWriter.flush fsyncs
+        except OSError:
+            self.abandon()
+            raise
+        self._good = self.path.stat().st_size
+
+    def abandon(self) -> None:
+        """After a failed write (a full disk): close, and cut the file back to its whole records."""
+        try:
+            self._writer.close()
+        except OSError:  # its flush failed before the file was closed
+            with contextlib.suppress(OSError):
+                self._writer._py_recordio_writer.close()
+        try:
+            os.truncate(self.path, self._good)
+            if self._good == 0:
+                self.path.unlink()
+        except OSError:
+            pass
 
     def close(self) -> None:
         self._writer.close()
@@ -60,7 +88,13 @@ class TensorBoardSink:
     def __init__(self, logdir: Path, ledger: Ledger) -> None:
         self.logdir = Path(logdir)
         self.ledger = ledger
-        self._log = EventLog(self.logdir)
+        self._failed_at = self._reminded = float("-inf")
+        try:
+            self._log: EventLog | None = EventLog(self.logdir)
+        except OSError as exc:
+            if not is_full(exc):
+                raise
+            self._log = None  # drain() opens a file once there is room
         self._reconcile()
 
     def _reconcile(self) -> None:
@@ -75,15 +109,31 @@ class TensorBoardSink:
             self.ledger.mark_written([i for i in already if i is not None])
 
     def drain(self) -> int:
-        """Write every pending record; returns how many."""
-        pending = self.ledger.pending_records()
-        for record in pending:
-            self._log.write(record.step, record.wall_time, record.scalars, record.texts)
-            self.ledger.mark_written([record.id])  # type: ignore[list-item]
+        """Write every pending record; returns how many. A full disk leaves them pending (not lost)."""
+        if self._log is None and time.monotonic() - self._failed_at < RETRY_S:
+            return 0
+        try:
+            if self._log is None:  # the last file failed: a new one, after what reached disk is found
+                self._log = EventLog(self.logdir)
+                self._reconcile()
+            pending = self.ledger.pending_records()
+            for record in pending:
+                self._log.write(record.step, record.wall_time, record.scalars, record.texts)
+                self.ledger.mark_written([record.id])  # type: ignore[list-item]
+        except OSError as exc:
+            if not is_full(exc):
+                raise
+            self._log, self._failed_at = None, time.monotonic()
+            if self._failed_at - self._reminded >= REMIND_S:
+                self._reminded = self._failed_at
+                log.warning("TensorBoard events in %s cannot be written (%s); the records wait in the ledger "
+                            "and are written when there is room (retried every %.0fs)", self.logdir, exc, RETRY_S)
+            return 0
         return len(pending)
 
     def close(self) -> None:
-        self._log.close()
+        if self._log is not None:
+            self._log.close()
 
 
 def _tags(record: Record) -> set[str]:

@@ -1,0 +1,57 @@
+"""evald's own files (ledger, TensorBoard events, best.json, summary.json, subset.json, locks)
+are private to its user unless the operator shares them with a group (``--state-mode``).
+
+They hold evaluation results, file names and reasons for failures (docs/security.md): a
+world-readable ledger tells every user of the host what evald saw. ``private`` creates them
+0600 in a 0700 directory, ``group`` 0640 in 0750 (for a team that reads one TensorBoard
+directory, or a trainer of another user in the same group that must read best.json).
+The mode is set with the process umask, so every file evald or a library it calls
+creates follows it; files of an earlier evald in the default state directory are
+tightened too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import stat
+from pathlib import Path
+
+log = logging.getLogger("evald")
+
+STATE_MODES = ("private", "group")
+_MODES = {"private": (0o700, 0o600, 0o077), "group": (0o750, 0o640, 0o027)}  # directory, file, umask
+STATE_FILES = ("ledger.sqlite*", "events.out.tfevents.*", "best.json", "summary.json", "subset.json", "evald.lock")
+
+
+def apply_umask(state_mode: str) -> None:
+    """Every file this process creates from now on gets at most the mode of ``state_mode``."""
+    os.umask(_MODES[state_mode][2])
+
+
+def prepare_state_dir(logdir: Path, state_mode: str, *, evalds_own: bool) -> None:
+    """Create ``logdir`` with the state mode; tighten it if ``evalds_own`` (the default CKPT_DIR/evald),
+    else only say when it is more open than the mode; tighten evald's files in it either way."""
+    dir_mode, file_mode, _ = _MODES[state_mode]
+    logdir.mkdir(parents=True, exist_ok=True, mode=dir_mode)
+    info = os.lstat(logdir)
+    extra = stat.S_IMODE(info.st_mode) & ~dir_mode
+    if extra and info.st_uid == os.getuid():
+        if evalds_own:
+            os.chmod(logdir, stat.S_IMODE(info.st_mode) & dir_mode)
+        else:
+            log.warning("the log directory %s is mode %s: others can list evald's state there; chmod %o it "
+                        "(--state-mode %s)", logdir, oct(stat.S_IMODE(info.st_mode)), dir_mode, state_mode)
+    for entry in os.scandir(logdir):
+        if any(fnmatch.fnmatch(entry.name, pattern) for pattern in STATE_FILES):
+            _tighten(Path(entry.path), file_mode)
+
+
+def _tighten(path: Path, file_mode: int) -> None:
+    try:
+        info = os.lstat(path)
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & ~file_mode:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & file_mode)
+    except OSError as exc:  # gone meanwhile, or not ours to change: leave it
+        log.debug("could not tighten %s: %s", path, exc)
