@@ -78,6 +78,8 @@ def retry(what: str, action: Callable[[], T], cleanup: Callable[[], None] | None
                 reminded = now
                 waiting_since = now if waiting_since is None else waiting_since
             if _should_stop():
+                log.warning("a signal came while waiting for space: exiting without writing %s; the next start "
+                            "redoes what it would have recorded", what)
                 raise DiskFullShutdown(f"stopped while waiting for space to write {what}") from exc
             time.sleep(RETRY_S)
             continue

@@ -4,7 +4,9 @@ Each ``train_metrics`` message becomes TensorBoard records (one per training ste
 tags ``train/<name>``, alerts as ``health/<rule>`` texts in the same record) and the
 health state that produced them, committed in one ledger transaction. A step at or
 below the newest one already recorded for this run is dropped, so a duplicate or a
-replay after a restart is never written twice.
+replay after a restart is never written twice. A step beyond ``max_step`` (the caller's
+sane reach past the newest step known) is dropped and counted too: one forged record at
+step 2**63-1 would otherwise silence every later record of the run.
 """
 
 from __future__ import annotations
@@ -25,14 +27,21 @@ class TrainStream:
         state = ledger.get_state("train_stream", {})
         self.run_id: str | None = state.get("run_id")
         self.last_step: int = int(state.get("last_step", -1))
+        self.beyond_reach = 0  # records dropped for a step too far ahead
 
-    def add(self, message: TrainMetrics) -> int | None:
+    def add(self, message: TrainMetrics, max_step: int | None = None) -> int | None:
         """Record a batch of training scalars; returns the newest step it held, if any."""
         if message.run_id != self.run_id:
             self.run_id, self.last_step = message.run_id, -1
         records = []
         for raw in message.records:
             step = int(raw["step"])
+            if max_step is not None and step > max_step:
+                self.beyond_reach += 1
+                if self.beyond_reach & (self.beyond_reach - 1) == 0:  # 1st, 2nd, 4th, 8th...: a flood stays quiet
+                    log.warning("dropped a training record at step %d: beyond step %d, far past the newest step "
+                                "known (%d dropped so far)", step, max_step, self.beyond_reach)
+                continue
             if step <= self.last_step:
                 continue
             scalars = {str(k): decode_scalar(v) for k, v in dict(raw.get("scalars") or {}).items()}
