@@ -127,8 +127,8 @@ class Run:
         elif isinstance(message, CheckpointCommitted):
             self.intake.found(message.path, ZMQ)
         elif isinstance(message, TrainMetrics):
-            every = self.announcement.every_n_steps if self.announcement else None
-            self.train.add(message, max(self.train.last_step, self.intake.newest_step) + max(10 * (every or 0), 1000))
+            every = self.announcement.every_n_steps if self.announcement else None  # the hook always says
+            self.train.add(message, self.intake.newest_step + max(10 * every, 1000) if every else None)
         elif isinstance(message, RunFinished):
             # Only the trainer's RUN_END.json ends a run: the message just says "look now". So a
             # forged message cannot end the run, and a missed one changes nothing.

@@ -41,6 +41,7 @@ from evald.tasks import EvaluationInterrupted
 log = logging.getLogger("evald")
 
 EVENT_QUEUE_SIZE = 10_000
+EVENTS_PER_TURN = 1_000
 
 
 class CannotEvaluate(RuntimeError):
@@ -154,13 +155,15 @@ class Server:
             item = self.events.get(timeout=timeout)
         except queue.Empty:
             return
-        while True:
+        for handled in range(1, EVENTS_PER_TURN + 1):
             source, payload = item
             if self.run is None and source == ZMQ and getattr(payload, "ckpt_dir", None):
                 if trust.may_attach(trust.of_receiver(self.receiver), payload.ckpt_dir, payload.TYPE):
                     self.attach(Path(payload.ckpt_dir))  # the first trusted notification names the directory
             if self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
+            if handled == EVENTS_PER_TURN:
+                return  # the sinks, the work and the signal flags get their turn; the rest waits in the queue
             try:
                 item = self.events.get_nowait()
             except queue.Empty:

@@ -5,8 +5,8 @@ tags ``train/<name>``, alerts as ``health/<rule>`` texts in the same record) and
 health state that produced them, committed in one ledger transaction. A step at or
 below the newest one already recorded for this run is dropped, so a duplicate or a
 replay after a restart is never written twice. A step beyond ``max_step`` (the caller's
-sane reach past the newest step known) is dropped and counted too: one forged record at
-step 2**63-1 would otherwise silence every later record of the run.
+sane reach past the newest checkpoint on disk) is dropped and counted too: one forged
+record at step 2**63-1 would otherwise silence every later record of the run.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class TrainStream:
             if max_step is not None and step > max_step:
                 self.beyond_reach += 1
                 if self.beyond_reach & (self.beyond_reach - 1) == 0:  # 1st, 2nd, 4th, 8th...: a flood stays quiet
-                    log.warning("dropped a training record at step %d: beyond step %d, far past the newest step "
-                                "known (%d dropped so far)", step, max_step, self.beyond_reach)
+                    log.warning("dropped a training record at step %d: beyond step %d, far past the newest "
+                                "checkpoint (%d dropped so far)", step, max_step, self.beyond_reach)
                 continue
             if step <= self.last_step:
                 continue

@@ -30,7 +30,7 @@ import pytest
 
 from evald.contracts import layout, wire
 from tests import faults, hostile
-from tests.harness import PYTHON, REPO, Proc, base_env, scalar_points, wait_for
+from tests.harness import PYTHON, REPO, Proc, base_env, raw_scalar_steps, scalar_points, wait_for
 
 RUN_ID = "fuzz"
 NO_POLLING = json.dumps({"watch": "polling", "polling_interval_s": 3600, "rescan_interval_s": 3600,
@@ -165,3 +165,60 @@ def test_20k_generated_frames_leave_evald_alive_confined_and_evaluating(tmp_path
 @pytest.mark.slow
 def test_100k_generated_frames_leave_evald_alive_confined_and_evaluating(tmp_path, procs):
     _fuzz(tmp_path, procs, 100_000, seed=100)
+
+
+def _offer(endpoint: str, frames: list[bytes], per_s: float) -> tuple[int, float]:
+    """Send like the trainer hook (NOBLOCK, SNDHWM 1000, a full queue drops), paced at ``per_s``."""
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.PUSH)
+    sock.setsockopt(zmq.SNDHWM, 1000)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    accepted, started = 0, time.time()
+    for i, frame in enumerate(frames):
+        ahead = started + i / per_s - time.time()
+        if ahead > 0:
+            time.sleep(ahead)
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+            accepted += 1
+        except zmq.Again:
+            pass
+    elapsed = time.time() - started
+    sock.close()
+    context.term()
+    return accepted, len(frames) / elapsed
+
+
+def test_train_metrics_at_10k_a_second_keep_the_rss_bounded(tmp_path, procs, endpoints):
+    """The trainer's own kind of message, valid, offered at 10,000 a second for 5 s (issue 12: +94 MB once)."""
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt, run_id=RUN_ID)
+    faults.commit(ckpt, 10, run_id=RUN_ID)
+    evald = faults.start(tmp_path, ckpt, env=endpoints, zmq=True)
+    procs.append(evald)
+    wait_for(lambda: faults.ledger_by_key(ckpt).get(layout.step_dir_name(10), {}).get("state") == "evaluated",
+             300, "the first checkpoint evaluated")
+    rss_before = faults.rss_kb(evald.popen.pid)
+    frames = [wire.TrainMetrics(run_id=RUN_ID, records=tuple(  # ten steps a message, as the hook batches them
+        {"step": 10 * i + k, "wall_time": time.time(), "scalars": {"loss": 2.0, "grad_norm": 1.0,
+                                                                   "learning_rate": 1e-3}} for k in range(10))
+    ).encode() for i in range(50_000)]
+    accepted, offered_per_s = _offer(endpoints["EVALD_ENDPOINT"], frames, 10_000)
+    faults.commit(ckpt, 20, run_id=RUN_ID)
+    _send(endpoints["EVALD_ENDPOINT"], [faults.committed_notice(ckpt, 20, RUN_ID).encode()])
+    wait_for(lambda: faults.ledger_by_key(ckpt).get(layout.step_dir_name(20), {}).get("state") == "evaluated",
+             900, "a checkpoint evaluated after the flood", interval=0.5)
+    rss_after = faults.rss_kb(evald.popen.pid)
+    steps = raw_scalar_steps(ckpt / layout.EVALD_SUBDIR, "train/loss")
+    print("TRAIN-METRICS-REPORT", json.dumps({
+        "messages": len(frames), "offered_per_s": round(offered_per_s), "taken_by_the_socket": accepted,
+        "train_points_written": len(steps), "rss_before_mb": round(rss_before / 1024, 1),
+        "rss_after_mb": round(rss_after / 1024, 1)}))
+    assert evald.popen.poll() is None and offered_per_s > 9_000, offered_per_s
+    assert (rss_after - rss_before) / 1024 < 50
+    assert steps == sorted(set(steps)) and len(steps) > 0  # each step at most once, in order
+    evald.signal(signal.SIGTERM)
+    assert evald.wait(120) == 0

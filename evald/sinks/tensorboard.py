@@ -29,11 +29,12 @@ from evald.disk_full import REMIND_S, RETRY_S, is_full
 from evald.ledger import Ledger, Record
 
 log = logging.getLogger("evald.tensorboard")
+FSYNC_EVERY = 500  # records per fsync: a crash before the mark is found on disk at the restart (_reconcile)
 logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)  # NaN is a legal value, not one warning a point
 
 
 class EventLog:
-    """One event file of this process; each ``write`` is one fsynced record."""
+    """One event file of this process; ``write`` appends a record, fsynced now or at ``flush``."""
 
     def __init__(self, logdir: Path) -> None:
         self.logdir = Path(logdir)
@@ -45,7 +46,7 @@ class EventLog:
         self._flush()
 
     def write(self, step: int, wall_time: float, scalars: Mapping[str, float] | None = None,
-              texts: Mapping[str, str] | None = None) -> None:
+              texts: Mapping[str, str] | None = None, flush: bool = True) -> None:
         values = []
         for tag, value in (scalars or {}).items():
             values.extend(scalar_summary(tag, float(value)).value)  # NaN and inf are legal values
@@ -54,12 +55,17 @@ class EventLog:
         if not values:
             return
         event = event_pb2.Event(wall_time=wall_time, step=int(step), summary=summary_pb2.Summary(value=values))
-        self._flush(event)
+        self._flush(event, sync=flush)
 
-    def _flush(self, event: event_pb2.Event | None = None) -> None:
+    def flush(self) -> None:
+        self._flush()
+
+    def _flush(self, event: event_pb2.Event | None = None, sync: bool = True) -> None:
         try:
             if event is not None:
                 self._writer.write_event(event)
+            if not sync:
+                return
             self._writer.flush()  # RecordWriter.flush fsyncs
         except OSError:
             self.abandon()
@@ -117,9 +123,12 @@ class TensorBoardSink:
                 self._log = EventLog(self.logdir)
                 self._reconcile()
             pending = self.ledger.pending_records()
-            for record in pending:
-                self._log.write(record.step, record.wall_time, record.scalars, record.texts)
-                self.ledger.mark_written([record.id])  # type: ignore[list-item]
+            for start in range(0, len(pending), FSYNC_EVERY):  # one fsync and one transaction per chunk
+                chunk = pending[start:start + FSYNC_EVERY]
+                for record in chunk:
+                    self._log.write(record.step, record.wall_time, record.scalars, record.texts, flush=False)
+                self._log.flush()
+                self.ledger.mark_written([r.id for r in chunk])  # type: ignore[misc]
         except OSError as exc:
             if not is_full(exc):
                 raise
