@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from evald.decisions import Decisions, Outcome
 from evald.lag_policy import decide
@@ -39,7 +40,7 @@ class Counters:
 class Context:
     """What an evaluation needs to know about the run besides the checkpoint."""
 
-    ckpt_dir: object
+    ckpt_dir: Path
     lag_policy: str
     final_step: int | None
     newest_checkpoint_step: int     # from files in the directory: what a stop step is counted from
@@ -69,7 +70,7 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
     row = ledger.step(choice.evaluate)
     assert row is not None
     try:
-        result = pipeline.evaluate(ctx.ckpt_dir, row)  # type: ignore[arg-type]
+        result = pipeline.evaluate(ctx.ckpt_dir, row)
     except EvaluationInterrupted:
         ledger.requeue(row.step, "interrupted by a forced shutdown; evaluated again at the next start")
         raise
