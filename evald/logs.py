@@ -42,6 +42,7 @@ def configure(level: str = "INFO", fmt: str = "text") -> None:
     """Send evald's log to stderr in ``fmt`` (text or json), replacing any handler set before."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.captureWarnings(True)  # Python warnings in the same format
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

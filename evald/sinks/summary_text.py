@@ -12,7 +12,7 @@ LABELS = {"run_id": "run", "final_step": "final step", "training_end_reason": "t
 
 def summary_markdown(summary: Mapping[str, Any]) -> str:
     """``| | |`` rows in a fixed, readable order; unknown keys follow, so nothing is hidden."""
-    rows = ["| | |", "|---|---|"]
+    rows = ["| field | value |", "|---|---|"]
     for key in [*[k for k in LABELS if k in summary], *sorted(k for k in summary if k not in LABELS)]:
         rows.append(f"| **{_cell(LABELS.get(key, key.replace('_', ' ')))}** | {_cell(_value(summary[key]))} |")
     return "\n".join(rows)
