@@ -151,7 +151,7 @@ def render(info: dict[str, Any]) -> str:
     last = info["last_evaluation"]
     if last:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted((last["metrics"] or {}).items())
-                          if isinstance(v, (int, float)))
+                          if k.startswith("eval/") and isinstance(v, (int, float)))  # all of them: --json
         lines.append(f"last eval    step {last['step']}: {shown}")
     best, stop = info["best"], info["stop"]
     shown_best = "-" if best["step"] is None else f"step {best['step']} ({_number(best['value'])})"

@@ -18,7 +18,8 @@ from evald.legacy_layout import migrate_flat_ledger
 from evald.run_dir import RunDirError, default_logdir, open_run, runs_in
 from evald.sinks.summary_text import summary_markdown
 from evald.sinks.tensorboard import EventLog, TensorBoardSink
-from tests.harness import raw_scalar_steps, scalar_points
+from tests import faults
+from tests.harness import raw_scalar_steps, run_dir, scalar_points
 
 
 def tree(path: Path) -> dict[str, tuple[int, int]]:
@@ -149,3 +150,21 @@ def test_a_flat_ledger_at_the_top_of_the_log_directory_goes_to_its_own_run_only(
     assert [s.step for s in ledger.steps()] == [10, 20]
     ledger.close()
     assert tree(ckpt) == before
+
+
+def test_an_evald_restarted_after_the_flat_layout_continues_the_same_run(tmp_path, procs):
+    ckpt = tmp_path / "exp" / "ckpt"
+    faults.announce(ckpt)
+    _flat_state(ckpt / "evald", ckpt)      # evald 0.2 evaluated 10 and 20 ...
+    flat_before = tree(ckpt / "evald")
+    faults.commit(ckpt, 30)                 # ... and 30 arrived while it was down
+    evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--idle-exit-s", "2")
+    procs.append(evald)
+    assert evald.wait(240) == 0, evald.output()[-3000:]
+    assert "continued the run of the flat layout" in evald.output()
+    rows = faults.ledger_rows(ckpt)
+    assert [(r["step"], r["state"], r["attempts"]) for r in rows] == [(10, "evaluated", 1), (20, "evaluated", 1),
+                                                                       (30, "evaluated", 1)]  # none redone
+    assert run_dir(ckpt) == tmp_path / "exp" / "tensorboard" / "exp"
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [10, 20, 30]  # the whole history, once each
+    assert tree(ckpt / "evald") == flat_before  # the old directory as it was, still readable
