@@ -246,6 +246,8 @@ def scalar_tags(run: Path) -> list[str]:
 
     tags = set()
     for sub_run in ("eval", "train"):
+        if not (Path(run) / sub_run).is_dir():
+            continue
         acc = EventAccumulator(str(Path(run) / sub_run), size_guidance={"scalars": 0, "tensors": 0})
         acc.Reload()
         tags.update(ledger_tag(sub_run, tag) for tag in acc.Tags().get("scalars", []))

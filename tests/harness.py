@@ -125,6 +125,8 @@ def scalar_points(run: Path, tag: str) -> list[tuple[int, float, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sub_run, shown = sub_run_of(tag)
+    if not (Path(run) / sub_run).is_dir():
+        return []
     acc = EventAccumulator(str(Path(run) / sub_run), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     if shown not in acc.Tags().get("scalars", []):
@@ -137,6 +139,8 @@ def text_events(run: Path, tag: str) -> list[tuple[int, str]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     sub_run, shown = sub_run_of(tag)
+    if not (Path(run) / sub_run).is_dir():
+        return []
     acc = EventAccumulator(str(Path(run) / sub_run), size_guidance={"tensors": 0})
     acc.Reload()
     if shown not in acc.Tags().get("tensors", []):
