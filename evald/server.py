@@ -116,7 +116,7 @@ class Server:
         self.locks.append(Lock(directory_lock_path(ckpt_dir, default_socket_dir()), f"checkpoint directory "
                                f"{ckpt_dir}", how))
         run = open_run(ckpt_dir, self.config.logdir and Path(self.config.logdir), self.config.run_name)
-        self.locks.append(Lock(run.lock, f"run directory {run.path}", "give this one another --run-name"))
+        self.locks.append(Lock(run.lock, f"run directory {run.path}", "give this one another --logdir"))
         migrate_flat_ledger(run)
         self.run = Run(self.resolved, ckpt_dir, run.path, control=self.control, receiver=self.receiver,
                        events=self.events, pipeline=self.pipeline)

@@ -14,7 +14,7 @@ import shutil
 
 from evald.contracts import layout
 from tests import faults
-from tests.harness import run_dir, raw_scalar_steps, scalar_points, wait_for
+from tests.harness import raw_scalar_steps, run_dir, scalar_points, wait_for
 
 # key -> (expected state, words the reason must contain)
 EXPECTED = {

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from evald.contracts import layout, wire
-from tests.harness import run_dir, REPO, scalar_points, start_evald
+from tests.harness import REPO, run_dir, scalar_points, start_evald
 
 
 def test_classification_metrics_match_sklearn(tmp_path, endpoints, procs):

@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from evald.contracts import layout
-from tests.harness import run_dir, committed_steps, hook_stats, start_evald, start_trainer
+from tests.harness import committed_steps, hook_stats, run_dir, start_evald, start_trainer
 
 
 def decisions_state(ckpt):

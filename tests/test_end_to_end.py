@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.harness import (run_dir, REPO, committed_steps, hook_stats, raw_scalar_steps, scalar_points, start_evald,
+from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, run_dir, scalar_points, start_evald,
                            start_trainer, text_events)
 
 

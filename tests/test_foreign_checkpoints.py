@@ -20,7 +20,7 @@ import pytest
 
 from evald.contracts import layout
 from tests import faults
-from tests.harness import run_dir, PYTHON, Proc, base_env, raw_scalar_steps, scalar_points, wait_for
+from tests.harness import PYTHON, Proc, base_env, raw_scalar_steps, run_dir, scalar_points, wait_for
 
 
 def _losses(logdir: Path) -> dict[int, float]:

@@ -13,7 +13,7 @@ import time
 
 from evald.contracts import layout, wire
 from tests import faults
-from tests.harness import run_dir, raw_scalar_steps, scalar_points, start_evald, start_trainer, wait_for
+from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, start_trainer, wait_for
 
 # The whole validation set in batches of 8: an evaluation lasts seconds, so a signal lands in one.
 SLOW = ("--subset-size", "100000", "--batch-size", "8")

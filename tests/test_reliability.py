@@ -22,8 +22,8 @@ import pytest
 from evald.sources import mounts
 from evald.contracts import layout
 from tests import faults
-from tests.harness import (run_dir, Proc, base_env, committed_steps, hook_stats, raw_scalar_steps, scalar_points,
-                           start_trainer, wait_for, PYTHON)
+from tests.harness import (PYTHON, Proc, base_env, committed_steps, hook_stats, raw_scalar_steps, run_dir,
+                           scalar_points, start_trainer, wait_for)
 
 EVALD_TAGS = ("evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total",
               "evald/failed_total")

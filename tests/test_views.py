@@ -111,10 +111,11 @@ def chromium_run(chromium: str, tmp_path: Path, *args: str, profile: str) -> sub
 
 def pixels_of(png: Path, rgb: str) -> int:
     """Pixels of the colour ``rgb(r, g, b)`` (nearly) in the cards' area of the 1400x1000 screenshot:
-    right of the run list (whose colour dots have the same colours) and left of the settings."""
+    the plot area of the first card: right of the run list and above the legend (whose dots have the
+    same colours), left of the settings."""
     from PIL import Image  # pillow comes with mindspore
 
     want = tuple(int(v) for v in re.findall(r"\d+", rgb))
-    data = Image.open(png).convert("RGB").crop((300, 120, 1140, 1000)).tobytes()
+    data = Image.open(png).convert("RGB").crop((300, 190, 1140, 470)).tobytes()
     return sum(1 for pixel in zip(data[0::3], data[1::3], data[2::3])
                if sum(abs(a - b) for a, b in zip(pixel, want)) < 24)
