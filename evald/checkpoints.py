@@ -143,7 +143,7 @@ def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
         return step if 0 <= step <= MAX_STEP else f"{path.name}: its step_num {step} is out of range"
     if match and steps_per_epoch:
         step = (int(match.group("epoch")) - 1) * steps_per_epoch + int(match.group("step"))
-        return step if step <= MAX_STEP else f"{path.name}: step {step} (from its name) is out of range"
+        return step if 0 <= step <= MAX_STEP else f"{path.name}: step {step} (from its name) is out of range"
     if match:
         return (f"{path.name}: epoch {match.group('epoch')} step-in-epoch {match.group('step')} cannot be "
                 f"turned into a global step; pass --foreign-steps-per-epoch, or save with "

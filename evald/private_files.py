@@ -6,8 +6,9 @@ world-readable ledger tells every user of the host what evald saw. ``private`` c
 0600 in a 0700 directory, ``group`` 0640 in 0750 (for a team that reads one TensorBoard
 directory, or a trainer of another user in the same group that must read best.json).
 The mode is set with the process umask, so every file evald or a library it calls
-creates follows it; files of an earlier evald in the default state directory are
-tightened too.
+creates follows it (a log directory evald creates too); files an earlier evald left in
+the run directory are tightened. A log directory that exists is left as it is: it may
+be a TensorBoard directory the team shares.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ log = logging.getLogger("evald")
 
 STATE_MODES = ("private", "group")
 _MODES = {"private": (0o700, 0o600, 0o077), "group": (0o750, 0o640, 0o027)}  # directory, file, umask
-STATE_FILES = ("ledger.sqlite*", "events.out.tfevents.*", "best.json", "summary.json", "subset.json", "evald.lock")
+STATE_FILES = ("ledger.sqlite*", "events.out.tfevents.*", "best.json", "summary.json", "subset.json", "evald.lock",
+               "evald-run.json")
+SUB_RUNS = ("train", "eval")  # evald.sinks.tensorboard.SUB_RUNS
 
 
 def apply_umask(state_mode: str) -> None:
@@ -30,22 +33,20 @@ def apply_umask(state_mode: str) -> None:
     os.umask(_MODES[state_mode][2])
 
 
-def prepare_state_dir(logdir: Path, state_mode: str, *, evalds_own: bool) -> None:
-    """Create ``logdir`` with the state mode; tighten it if ``evalds_own`` (the default CKPT_DIR/evald),
-    else only say when it is more open than the mode; tighten evald's files in it either way."""
+def prepare_state_dir(run_dir: Path, state_mode: str) -> None:
+    """Tighten evald's run directory, its sub-runs and evald's files in them to ``state_mode``
+    (they are created that way; this fixes those an earlier evald left more open)."""
     dir_mode, file_mode, _ = _MODES[state_mode]
-    logdir.mkdir(parents=True, exist_ok=True, mode=dir_mode)
-    info = os.lstat(logdir)
-    extra = stat.S_IMODE(info.st_mode) & ~dir_mode
-    if extra and info.st_uid == os.getuid():
-        if evalds_own:
-            os.chmod(logdir, stat.S_IMODE(info.st_mode) & dir_mode)
-        else:
-            log.warning("the log directory %s is mode %s: others can list evald's state there; chmod %o it "
-                        "(--state-mode %s)", logdir, oct(stat.S_IMODE(info.st_mode)), dir_mode, state_mode)
-    for entry in os.scandir(logdir):
-        if any(fnmatch.fnmatch(entry.name, pattern) for pattern in STATE_FILES):
-            _tighten(Path(entry.path), file_mode)
+    for directory in [run_dir, *(run_dir / sub for sub in SUB_RUNS)]:
+        try:
+            info = os.lstat(directory)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & ~dir_mode:
+            os.chmod(directory, stat.S_IMODE(info.st_mode) & dir_mode)
+        for entry in os.scandir(directory):
+            if any(fnmatch.fnmatch(entry.name, pattern) for pattern in STATE_FILES):
+                _tighten(Path(entry.path), file_mode)
 
 
 def _tighten(path: Path, file_mode: int) -> None:

@@ -32,12 +32,15 @@ from evald.disk_full import retry
 from evald.intake import Intake
 from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
 from evald.pipeline import Pipeline
+from evald.requeue import RetryWatch, requeue_if_config_changed
+from evald.run_dir import LEDGER_FILE
 from evald.run_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.sinks.best_pointer import write_best_pointer
+from evald.sinks.summary_text import summary_markdown
 from evald.sinks.tensorboard import TensorBoardSink
 from evald.sources.discovery import RESCAN, WATCHDOG, Discovery
 from evald.sources.receiver import BAD_MESSAGE, ZMQ
-from evald.train_stream import TrainStream
+from evald.train_stream import TrainStream, reach
 
 log = logging.getLogger("evald")
 
@@ -47,18 +50,20 @@ BLOCKED_REMINDER_S = 60.0
 
 
 class Run:
-    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, logdir: Path, *, control: Any, receiver: Any,
+    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, run_dir: Path, *, control: Any, receiver: Any,
                  events: "queue.Queue[tuple[str, Any]]", pipeline: Pipeline) -> None:
         self.operator = resolved              # what the operator configured
         self.resolved = resolved              # ... merged with the trainer's announcement
-        self.ckpt_dir, self.logdir, self.control, self.receiver = ckpt_dir, logdir, control, receiver
+        self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
         self.counters = evaluation.Counters()
-        self.ledger = Ledger(logdir / "ledger.sqlite")
+        self.ledger = Ledger(run_dir / LEDGER_FILE)
         self.ledger.recover_interrupted(self.config.tuning.max_attempts)
         self.decisions = Decisions(self.config)
         self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
-        self.tensorboard = TensorBoardSink(logdir, self.ledger)
+        self.tensorboard = TensorBoardSink(run_dir, self.ledger)
         self.intake = Intake(ckpt_dir, self.ledger, self.config)
+        requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
+        self.retries = RetryWatch(self.ledger)
         self.train = TrainStream(self.ledger, self.decisions)
         self.pipeline = pipeline
         self.announcement: RunAnnounced | None = None
@@ -79,7 +84,7 @@ class Run:
         self._publish()
         self._write_best_pointer()
         log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", ckpt_dir,
-                 self.run_id, logdir)
+                 self.run_id, run_dir)
 
     @property
     def config(self):
@@ -127,8 +132,7 @@ class Run:
         elif isinstance(message, CheckpointCommitted):
             self.intake.found(message.path, ZMQ)
         elif isinstance(message, TrainMetrics):
-            every = self.announcement.every_n_steps if self.announcement else None  # the hook always says
-            self.train.add(message, self.intake.newest_step + max(10 * every, 1000) if every else None)
+            self.train.add(message, reach(self.intake.newest_step, self.announcement))
         elif isinstance(message, RunFinished):
             # Only the trainer's RUN_END.json ends a run: the message just says "look now". So a
             # forged message cannot end the run, and a missed one changes nothing.
@@ -191,15 +195,20 @@ class Run:
             self._last_rescan = now
             self._rescan()
         self.intake.recheck_settled()
+        if self.retries.changed():  # `evald retry` forgot judged files: judge them again
+            self.intake.forget_judged()
+            self._rescan()
         self.tensorboard.drain()
 
     def prepare(self) -> bool:
         """Build the evaluation network if its factories are known; False while it cannot be."""
         was_ready = self.pipeline.evaluator is not None
         ready = self.pipeline.ensure_built(self.config)
+        if ready:
+            requeue_if_config_changed(self.ledger, self.config, network_known=True)
         if ready and not was_ready:
             subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
-            retry("subset.json", lambda: layout.atomic_write_text(self.logdir / "subset.json", subset.to_json()))
+            retry("subset.json", lambda: layout.atomic_write_text(self.run_dir / "subset.json", subset.to_json()))
         return ready
 
     def work(self) -> bool:
@@ -257,9 +266,9 @@ class Run:
                    "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts()}
         self.decisions.finish(summary)
         text = json.dumps(summary, indent=1)
-        retry("summary.json", lambda: layout.atomic_write_text(self.logdir / "summary.json", text))
+        retry("summary.json", lambda: layout.atomic_write_text(self.run_dir / "summary.json", text))
         self.ledger.add_records([Record("summary", self.run_end.final_step, time.time(), {},
-                                        {"evald/summary": json.dumps(summary)})],
+                                        {"evald/summary": summary_markdown(summary)})],
                                 kv={"decisions": self.decisions.state_dict(),
                                     "summarised": [self.run_id, self.run_end.final_step]})
         self.tensorboard.drain()
@@ -277,7 +286,7 @@ class Run:
         best = self.decisions.best_step
         row = self.ledger.step(best) if best is not None else None
         if row is not None:
-            retry("best.json", lambda: write_best_pointer(self.logdir, best, row.source, self.config.monitor,
+            retry("best.json", lambda: write_best_pointer(self.run_dir, best, row.source, self.config.monitor,
                                                           self.decisions.best_value))
 
     def close(self) -> None:

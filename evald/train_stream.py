@@ -12,6 +12,7 @@ record at step 2**63-1 would otherwise silence every later record of the run.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from evald.contracts.wire import TrainMetrics, decode_scalar
 from evald.decisions import Decisions
@@ -55,3 +56,10 @@ class TrainStream:
         self.ledger.add_records(records, kv={"decisions": self.decisions.state_dict(),
                                              "train_stream": {"run_id": self.run_id, "last_step": self.last_step}})
         return self.last_step
+
+
+def reach(newest_checkpoint_step: int, announcement: Any) -> int | None:
+    """The highest training step believed: ``max(10 * every_n_steps, 1000)`` past the newest checkpoint on
+    disk; None (no bound) when the run announced no interval (then no hook sends training scalars)."""
+    every = getattr(announcement, "every_n_steps", None)
+    return newest_checkpoint_step + max(10 * every, 1000) if every else None

@@ -62,8 +62,10 @@ class Bait:
         return wire.FactorySpec("evil:build", {}, str(self.root))
 
     def untouched(self) -> bool:
-        """Nothing created in the bait directory (evald/ would be), no code ran."""
-        return (not self.marker.exists() and not (self.root / layout.EVALD_SUBDIR).exists()
+        """Nothing created in the bait directory, no run of it in a log directory beside it, no code ran."""
+        from evald.run_dir import find_run
+
+        return (not self.marker.exists() and find_run(self.root, self.root.parent / "tensorboard") is None
                 and sorted(p.name for p in self.root.iterdir()) == sorted(
                     ["secret", "evil.py", layout.RUN_FILE, layout.step_dir_name(1)]))
 

@@ -25,7 +25,7 @@ import pytest
 
 from evald.contracts import layout
 from tests import faults, hostile
-from tests.harness import raw_scalar_steps, scalar_points, wait_for
+from tests.harness import raw_scalar_steps, run_dir, scalar_points, wait_for
 from trainer_hooks.stop_agreement import ControlSubscriber
 
 
@@ -49,9 +49,9 @@ def test_nan_weights_give_a_nan_point_and_a_stop(tmp_path, endpoints, procs, gen
     evald.signal(signal.SIGTERM)
     assert evald.wait(60) == 0, evald.output()[-3000:]
     assert state.stop_at_step is not None and "not finite" in state.reason, state
-    points = scalar_points(ckpt / layout.EVALD_SUBDIR, "eval/loss")
+    points = scalar_points(run_dir(ckpt), "eval/loss")
     assert [s for s, _, _ in points] == [10] and math.isnan(points[0][2]), points
-    decisions = [t for s, tag, t in faults.tb_texts(ckpt / layout.EVALD_SUBDIR) if tag == "evald/decision"]
+    decisions = [t for s, tag, t in faults.tb_texts(run_dir(ckpt)) if tag == "evald/decision"]
     assert decisions and decisions[0].startswith("STOP: eval/loss = nan at step 10 is not finite"), decisions
     assert "Traceback" not in evald.output()
 
@@ -89,7 +89,7 @@ def tiny_filesystem(tmp_path):
 
 
 def test_a_full_disk_makes_evald_wait_and_lose_nothing(tmp_path, procs, tiny_filesystem):
-    ckpt, logdir = tmp_path / "ckpt", tiny_filesystem / "evald"
+    ckpt, logdir = tmp_path / "ckpt", tiny_filesystem / "tensorboard"
     faults.announce(ckpt)
     faults.commit(ckpt, 10)
     args = ("--logdir", str(logdir), "--lag-policy", "all")
@@ -106,7 +106,7 @@ def test_a_full_disk_makes_evald_wait_and_lose_nothing(tmp_path, procs, tiny_fil
     filler.unlink()
     wait_for(lambda: [r["state"] for r in faults.ledger_rows(ckpt, logdir)] == ["evaluated"] * 4, 240,
              "every checkpoint evaluated once there is room")
-    wait_for(lambda: raw_scalar_steps(logdir, "eval/loss") == [10, 20, 30, 40], 60, "one point per step")
+    wait_for(lambda: raw_scalar_steps(run_dir(ckpt, logdir), "eval/loss") == [10, 20, 30, 40], 60, "one point per step")
 
     # a SIGTERM while it waits: exit 1 (abandoned), and the restart redoes what was not written
     filler = _fill(tiny_filesystem)
@@ -121,7 +121,7 @@ def test_a_full_disk_makes_evald_wait_and_lose_nothing(tmp_path, procs, tiny_fil
     procs.append(again)
     assert again.wait(240) == 0, again.output()[-3000:]
     assert [r["state"] for r in faults.ledger_rows(ckpt, logdir)] == ["evaluated"] * 5
-    assert raw_scalar_steps(logdir, "eval/loss") == [10, 20, 30, 40, 50]
+    assert raw_scalar_steps(run_dir(ckpt, logdir), "eval/loss") == [10, 20, 30, 40, 50]
 
 
 def test_tensorboard_records_wait_in_the_outbox_while_the_disk_is_full(tmp_path, tiny_filesystem):
@@ -143,7 +143,7 @@ def test_tensorboard_records_wait_in_the_outbox_while_the_disk_is_full(tmp_path,
     sink.close()
     ledger.close()
     assert raw_scalar_steps(tiny_filesystem, "eval/loss") == [1, 2, 3]  # each once; no torn record counted
-    for path in tiny_filesystem.glob("events.out.tfevents.*"):
+    for path in tiny_filesystem.rglob("events.out.tfevents.*"):
         assert faults.event_file_records(path)[1] == 0, path  # every file ends on a whole record
 
 
@@ -161,4 +161,4 @@ def test_binding_every_interface_is_said_loudly(tmp_path, procs):
     log = evald.output()
     assert f"!!! tcp://*:{port} binds ALL network interfaces" in log and "anyone who can route to this host" in log
     assert f"!!! PLAINTEXT on tcp://*:{port}" in log and f"!!! PLAINTEXT on tcp://127.0.0.1:{control}" in log
-    assert os.path.exists(ckpt / layout.EVALD_SUBDIR)
+    assert run_dir(ckpt).exists()

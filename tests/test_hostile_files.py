@@ -24,7 +24,7 @@ import pytest
 
 from evald.contracts import layout
 from tests import faults, hostile
-from tests.harness import wait_for
+from tests.harness import run_dir, wait_for
 
 SECRET = b"S" * 1_234_567      # a size that appears nowhere else in evald's output
 OPERATOR = ("--model-factory", faults.MODEL_FACTORY.target, "--model-kwargs", '{"seq_len": 64}',
@@ -150,7 +150,7 @@ def test_every_hostile_entry_is_recorded_once_and_evald_never_hangs_or_leaks(tmp
     assert "Traceback" not in log and "raised unexpectedly" not in log
     # nothing of the secret outside: not its size, not its hash, anywhere evald writes
     digest = hashlib.sha256(SECRET).hexdigest()
-    logdir = ckpt / layout.EVALD_SUBDIR
+    logdir = run_dir(ckpt)
     texts = [log, json.dumps(faults.ledger_rows(ckpt)), json.dumps(faults.ledger_files(ckpt)),
              json.dumps(faults.tb_texts(logdir))]
     for text in texts:
@@ -170,20 +170,23 @@ def test_every_hostile_entry_is_recorded_once_and_evald_never_hangs_or_leaks(tmp
 
 @pytest.mark.parametrize("mode", ["private", "group"])
 def test_evalds_state_files_are_private_unless_shared_with_the_group(tmp_path, procs, mode):
+    """``private`` (the default) after a run in ``group`` mode also tightens what that run left."""
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)
     faults.commit(ckpt, 10)
-    logdir = ckpt / layout.EVALD_SUBDIR
-    logdir.mkdir(mode=0o755)  # left by an earlier evald: tightened, it is evald's own directory
-    (logdir / "best.json").write_text("{}")
-    os.chmod(logdir / "best.json", 0o644)
-    evald = faults.start(tmp_path, ckpt, "--state-mode", mode, "--idle-exit-s", "3")
-    procs.append(evald)
-    assert evald.wait(180) == 0, evald.output()[-3000:]
+    for i, state_mode in enumerate(["group"] + (["private"] if mode == "private" else [])):
+        if i:
+            faults.commit(ckpt, 20)
+        evald = faults.start(tmp_path, ckpt, "--state-mode", state_mode, "--idle-exit-s", "3", name=f"evald{i}")
+        procs.append(evald)
+        assert evald.wait(180) == 0, evald.output()[-3000:]
     dir_mode, file_mode = {"private": (0o700, 0o600), "group": (0o750, 0o640)}[mode]
-    assert stat.S_IMODE(logdir.stat().st_mode) == dir_mode
-    files = [p for p in logdir.iterdir() if p.is_file()]
-    assert {p.name for p in files} >= {"ledger.sqlite", "best.json", "subset.json"} and any(
+    run = run_dir(ckpt)
+    directories = [run, run / "eval", run / "train"]
+    files = [p for d in directories if d.is_dir() for p in d.iterdir() if p.is_file()]
+    assert {p.name for p in files} >= {"ledger.sqlite", "best.json", "subset.json", "evald-run.json"} and any(
         p.name.startswith("events.out.tfevents.") for p in files)
+    for path in [d for d in directories if d.is_dir()]:
+        assert stat.S_IMODE(path.stat().st_mode) == dir_mode, (path, oct(path.stat().st_mode))
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) & ~file_mode == 0, (path.name, oct(path.stat().st_mode))

@@ -30,7 +30,7 @@ import pytest
 
 from evald.contracts import layout, wire
 from tests import faults, hostile
-from tests.harness import PYTHON, REPO, Proc, base_env, raw_scalar_steps, scalar_points, wait_for
+from tests.harness import PYTHON, REPO, Proc, base_env, raw_scalar_steps, run_dir, scalar_points, wait_for
 
 RUN_ID = "fuzz"
 NO_POLLING = json.dumps({"watch": "polling", "polling_interval_s": 3600, "rescan_interval_s": 3600,
@@ -126,7 +126,7 @@ def _fuzz(tmp_path: Path, procs: list, count: int, seed: int) -> dict:
     log = evald.output()
     audit = hostile.Audit(audit_path)
     row = faults.ledger_by_key(ckpt)[layout.step_dir_name(20)]
-    bad = [v for s, _, v in scalar_points(ckpt / layout.EVALD_SUBDIR, "evald/bad_messages_total") if s == 20]
+    bad = [v for s, _, v in scalar_points(run_dir(ckpt), "evald/bad_messages_total") if s == 20]
     figures = {"frames": sent, "raw_connections": raw, "flood_s": round(flood_s, 1),
                "frames_per_s": round(sent / flood_s), "until_evaluated_s": round(drained_s, 1),
                "rss_before_mb": round(rss_before / 1024, 1), "rss_after_mb": round(rss_after / 1024, 1),
@@ -144,12 +144,12 @@ def _fuzz(tmp_path: Path, procs: list, count: int, seed: int) -> dict:
     assert bait.untouched(), sorted(p.name for p in bait.root.iterdir())
     assert not audit.under(bait.root), audit.under(bait.root)[:10]
     assert audit.processes() == ["subprocess.Popen lscpu"] * len(audit.processes()), audit.processes()
-    logdir = ckpt / layout.EVALD_SUBDIR
+    logdir = run_dir(ckpt).parent  # the log directory: the run's own and its claim of a name
     probes = {a.path for a in audit.accesses if a.event == "os.remove"
               and re.fullmatch(re.escape(tempfile.gettempdir()) + r"/[a-z0-9_]{8}", a.path)}
     writes = [a for a in audit.outside([logdir, socket_dir, Path("/dev/null")], writes=True) if a.path not in probes]
     assert not writes, writes[:20]  # tempfile's writability probe (created and removed at once) aside
-    roots = [ckpt, socket_dir, REPO, Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.prefix)),
+    roots = [ckpt, logdir, socket_dir, REPO, Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.prefix)),
              *READ_ROOTS]
     reads = [a for a in audit.outside(roots, writes=False) if a.path not in probes]
     assert not reads, reads[:20]
@@ -212,7 +212,7 @@ def test_train_metrics_at_10k_a_second_keep_the_rss_bounded(tmp_path, procs, end
     wait_for(lambda: faults.ledger_by_key(ckpt).get(layout.step_dir_name(20), {}).get("state") == "evaluated",
              900, "a checkpoint evaluated after the flood", interval=0.5)
     rss_after = faults.rss_kb(evald.popen.pid)
-    steps = raw_scalar_steps(ckpt / layout.EVALD_SUBDIR, "train/loss")
+    steps = raw_scalar_steps(run_dir(ckpt), "train/loss")
     print("TRAIN-METRICS-REPORT", json.dumps({
         "messages": len(frames), "offered_per_s": round(offered_per_s), "taken_by_the_socket": accepted,
         "train_points_written": len(steps), "rss_before_mb": round(rss_before / 1024, 1),

@@ -23,7 +23,7 @@ import pytest
 
 from evald.contracts import layout, wire
 from tests import faults, hostile
-from tests.harness import scalar_points, wait_for
+from tests.harness import run_dir, scalar_points, wait_for
 from trainer_hooks.stop_agreement import ControlSubscriber, StopAgreement
 
 MAX = 2**63 - 1
@@ -72,11 +72,11 @@ def test_forged_messages_neither_retarget_nor_end_nor_stall_the_run_nor_push_the
     assert state.stop_at_step is not None and state.stop_at_step <= 20 + 2 * every + every, state
     time.sleep(2)
     assert evald.popen.poll() is None, "a forged run_finished ended the run"
-    assert not (ckpt / layout.EVALD_SUBDIR / "summary.json").exists()
+    assert not (run_dir(ckpt) / "summary.json").exists()
     assert bait.untouched()
     assert "ignored a" in evald.output()
     # the forged record at 2**63-1 did not silence the genuine one after it
-    assert [(s, v) for s, _, v in scalar_points(ckpt / layout.EVALD_SUBDIR, "train/loss")] == [(15, 3.0)]
+    assert [(s, v) for s, _, v in scalar_points(run_dir(ckpt), "train/loss")] == [(15, 3.0)]
     evald.signal(signal.SIGTERM)
     assert evald.wait(60) == 0
     again = faults.start(tmp_path, ckpt, env=endpoints, zmq=True, name="evald2")  # nothing forged was kept

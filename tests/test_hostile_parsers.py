@@ -225,3 +225,12 @@ def test_links_fifos_directories_and_oversize_files_are_never_opened(tmp_path):
         verdict = recognise(ckpt, name, settle_s=0)
         assert isinstance(verdict, Rejected), (name, verdict)
         assert "651" not in verdict.reason, verdict.reason
+
+
+def test_epoch_zero_in_a_name_is_no_negative_step(mindspore, tmp_path):
+    """Found by the property above: (E-1)*N + S with E = 0 was a negative step for the ledger."""
+    from evald.checkpoints import foreign_step
+
+    path = tmp_path / "a-0_0.ckpt"
+    path.write_bytes(b"\x12\x10" + b"\0" * 16)
+    assert isinstance(foreign_step(path, 1), str)

@@ -1,5 +1,14 @@
 """TensorBoard output with exactly one record per step and stream, even across crashes.
 
+The layout follows the convention of Keras' TensorBoard callback (``train/`` and
+``validation/`` runs with the same tag names): a run directory has one sub-run per
+stream, ``train/`` and ``eval/``, and a tag loses its stream's prefix there, so
+``train/loss`` and ``eval/loss`` are both written as ``loss`` and TensorBoard draws
+training and evaluation loss on one chart. Tags of other namespaces keep their
+names: ``evald/...`` (timings, lag, decisions; in ``eval/``), ``health/...`` (alerts;
+in ``train/`` with the scalars that raised them) and ``sample/...``. The run summary
+(stream ``summary``) goes to ``eval/``. The ledger keeps the stream-prefixed names.
+
 The ledger's outbox (``records``) holds every record evald has decided to write,
 committed with the state change it reports. This sink writes pending records with
 tensorboardX's synchronous ``EventsWriter`` (tensorboardX's ``SummaryWriter`` queues
@@ -41,6 +50,7 @@ class EventLog:
         self.logdir.mkdir(parents=True, exist_ok=True)
         suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}.evald"
         self._good = 0  # bytes of whole, fsynced records: a failed write is cut back to this
+        self._abandoned = False
         self._writer = EventsWriter(str(self.logdir / "events"), suffix)
         self.path = Path(self._writer._file_name)
         self._flush()
@@ -74,6 +84,9 @@ class EventLog:
 
     def abandon(self) -> None:
         """After a failed write (a full disk): close, and cut the file back to its whole records."""
+        if self._abandoned:
+            return
+        self._abandoned = True
         try:
             self._writer.close()
         except OSError:  # its flush failed before the file was closed
@@ -90,25 +103,37 @@ class EventLog:
         self._writer.close()
 
 
+SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval"}  # stream -> sub-run directory
+STREAM_PREFIXES = {"train": "train/", "eval": "eval/"}           # dropped from tags in the sub-run
+
+
+def sub_run(stream: str) -> str:
+    return SUB_RUNS.get(stream, stream)
+
+
+def shown_tag(stream: str, tag: str) -> str:
+    """The tag as TensorBoard shows it in the stream's sub-run: ``eval/loss`` -> ``loss``."""
+    prefix = STREAM_PREFIXES.get(stream)
+    return tag[len(prefix):] if prefix and tag.startswith(prefix) and len(tag) > len(prefix) else tag
+
+
 class TensorBoardSink:
-    def __init__(self, logdir: Path, ledger: Ledger) -> None:
-        self.logdir = Path(logdir)
+    """Writes the ledger's pending records into the run directory's sub-runs."""
+
+    def __init__(self, run_dir: Path, ledger: Ledger) -> None:
+        self.run_dir = Path(run_dir)
         self.ledger = ledger
+        self._logs: dict[str, EventLog] = {}  # one event file per sub-run, made at its first record
         self._failed_at = self._reminded = float("-inf")
-        try:
-            self._log: EventLog | None = EventLog(self.logdir)
-        except OSError as exc:
-            if not is_full(exc):
-                raise
-            self._log = None  # drain() opens a file once there is room
         self._reconcile()
 
     def _reconcile(self) -> None:
         pending = self.ledger.pending_records()
-        if not pending:
-            return
-        on_disk = tags_on_disk(self.logdir, {r.step for r in pending})
-        already = [r.id for r in pending if _tags(r) <= on_disk.get(r.step, set())]
+        already = []
+        for name in sorted({sub_run(r.stream) for r in pending}):
+            mine = [r for r in pending if sub_run(r.stream) == name]
+            on_disk = tags_on_disk(self.run_dir / name, {r.step for r in mine})
+            already += [r.id for r in mine if _tags(r) <= on_disk.get(r.step, set())]
         if already:
             log.info("%d TensorBoard record(s) reached disk just before evald stopped; not written again",
                      len(already))
@@ -116,37 +141,51 @@ class TensorBoardSink:
 
     def drain(self) -> int:
         """Write every pending record; returns how many. A full disk leaves them pending (not lost)."""
-        if self._log is None and time.monotonic() - self._failed_at < RETRY_S:
+        if time.monotonic() - self._failed_at < RETRY_S:
             return 0
+        if self._failed_at > float("-inf"):  # after a failure: what reached disk is found, not written again
+            self._reconcile()
+            self._failed_at = float("-inf")
+        pending = self.ledger.pending_records()
         try:
-            if self._log is None:  # the last file failed: a new one, after what reached disk is found
-                self._log = EventLog(self.logdir)
-                self._reconcile()
-            pending = self.ledger.pending_records()
-            for start in range(0, len(pending), FSYNC_EVERY):  # one fsync and one transaction per chunk
+            for start in range(0, len(pending), FSYNC_EVERY):  # one fsync a file and one transaction a chunk
                 chunk = pending[start:start + FSYNC_EVERY]
                 for record in chunk:
-                    self._log.write(record.step, record.wall_time, record.scalars, record.texts, flush=False)
-                self._log.flush()
+                    name = sub_run(record.stream)
+                    if name not in self._logs:
+                        self._logs[name] = EventLog(self.run_dir / name)
+                    self._logs[name].write(record.step, record.wall_time,
+                                           {shown_tag(record.stream, k): v for k, v in record.scalars.items()},
+                                           {shown_tag(record.stream, k): v for k, v in record.texts.items()},
+                                           flush=False)
+                for event_log in self._logs.values():
+                    event_log.flush()
                 self.ledger.mark_written([r.id for r in chunk])  # type: ignore[misc]
         except OSError as exc:
             if not is_full(exc):
                 raise
-            self._log, self._failed_at = None, time.monotonic()
-            if self._failed_at - self._reminded >= REMIND_S:
-                self._reminded = self._failed_at
-                log.warning("TensorBoard events in %s cannot be written (%s); the records wait in the ledger "
-                            "and are written when there is room (retried every %.0fs)", self.logdir, exc, RETRY_S)
+            self._full(exc)
             return 0
         return len(pending)
 
+    def _full(self, exc: OSError) -> None:
+        """Every file cut back to its whole records; new ones once there is room (a second later)."""
+        for event_log in self._logs.values():
+            event_log.abandon()
+        self._logs.clear()
+        self._failed_at = time.monotonic()
+        if self._failed_at - self._reminded >= REMIND_S:
+            self._reminded = self._failed_at
+            log.warning("TensorBoard events in %s cannot be written (%s); the records wait in the ledger and are "
+                        "written when there is room (retried every %.0fs)", self.run_dir, exc, RETRY_S)
+
     def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
+        for event_log in self._logs.values():
+            event_log.close()
 
 
 def _tags(record: Record) -> set[str]:
-    return set(record.scalars) | set(record.texts)
+    return {shown_tag(record.stream, tag) for tag in (*record.scalars, *record.texts)}
 
 
 def tags_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> dict[int, set[str]]:
