@@ -93,5 +93,6 @@ def test_a_run_file_others_can_write_names_no_code_that_evald_runs(tmp_path, pro
     procs.append(evald)
     assert evald.wait(120) == 3, evald.output()[-3000:]
     log = evald.output()
-    assert "names the model factory examples.tiny_lm.model:build_model" in log
-    assert "others can write it (mode 0o666): not imported" in log and "building the evaluation network" not in log
+    assert "refused the model factory 'examples.tiny_lm.model:build_model'" in log
+    assert "group or others can write" in log and "(mode 0o666)" in log and "not imported" in log
+    assert "building the evaluation network" not in log
