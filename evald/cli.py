@@ -2,6 +2,7 @@
 
     evald [OPTIONS]              evaluate a run's checkpoints as they appear (evald --help)
     evald subset [...]           print the indices of the fixed validation subset
+    evald keys DIR               create CURVE keys for evald and the trainer (docs/authentication.md)
     evald --version
 
 Every run option is generated from evald/config/options.py; values are collected as
@@ -22,7 +23,7 @@ from evald.config import (ConfigError, ResolvedConfig, command_line_layer, defau
                           option_fields, resolve, toml_layer)
 from evald.config.schema import parse_cpus
 
-SUBCOMMANDS = ("subset",)
+SUBCOMMANDS = ("subset", "keys")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="evald",
         description="Asynchronous out-of-process evaluator for MindSpore training. Run it beside the training "
                     "job on a device no training rank uses: `evald --device 7`. Other commands: "
-                    "`evald subset --help`.",
+                    "`evald subset --help`, `evald keys --help`.",
         epilog="Precedence: command line > environment variable > --config TOML > the trainer's run "
                "announcement > default. Every option is also a TOML key of the same name (underscores); "
                "table options are TOML tables. See docs/configuration.md.")

@@ -1,4 +1,4 @@
-"""evald's subcommands besides serving a run (``evald subset`` ...)."""
+"""evald's subcommands besides serving a run (``evald subset``, ``evald keys``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ from typing import Sequence
 
 
 def run(name: str, argv: Sequence[str]) -> int:
-    return {"subset": subset}[name](argv)
+    return {"subset": subset, "keys": keys}[name](argv)
+
+
+def keys(argv: Sequence[str]) -> int:
+    """Create CURVE key pairs for evald and the trainer, one directory per host, and say where each goes."""
+    from evald.contracts.auth import keys_command
+
+    p = argparse.ArgumentParser(prog="evald keys", description=keys.__doc__ + " See docs/authentication.md.")
+    p.add_argument("dir", metavar="DIR", help="a new directory (created 0700); existing keys are never overwritten")
+    return keys_command(p.parse_args(list(argv)).dir)
 
 
 def subset(argv: Sequence[str]) -> int:

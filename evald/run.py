@@ -35,7 +35,7 @@ from evald.run_files import read_announcement, read_run_end
 from evald.sinks.best_pointer import write_best_pointer
 from evald.sinks.tensorboard import TensorBoardSink
 from evald.sources.discovery import RESCAN, WATCHDOG, Discovery
-from evald.sources.receiver import BAD_MESSAGE, ZMQ
+from evald.sources.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED
 from evald.train_stream import TrainStream
 
 log = logging.getLogger("evald")
@@ -87,7 +87,7 @@ class Run:
 
     def handle(self, source: str, item: Any) -> bool:
         """One event; True when it was news (a message for this run, or an entry not seen before)."""
-        if source == ZMQ:
+        if source in (ZMQ, ZMQ_UNTRUSTED):  # an untrusted message is a doorbell too (h4: trust rule)
             return self._message(item)
         if source in (WATCHDOG, RESCAN):
             return self._path(Path(item), source)

@@ -21,6 +21,7 @@ Exit codes: 0 done; 1 forced exit; 2 bad configuration or another evald in the w
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import time
@@ -28,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from evald.config import ResolvedConfig
+from evald.contracts.auth import SecurityConfig, SecurityError
 from evald.contracts.wire import default_control_endpoint, default_endpoint, default_socket_dir
 from evald.evaluation import SystemicFailure
 from evald.locks import InUse, Lock, directory_lock_path, endpoint_lock_path
 from evald.pipeline import Pipeline
 from evald.run import Run
-from evald.sources.receiver import ZMQ
+from evald.sources.receiver import ZMQ, ZMQ_UNTRUSTED
 from evald.tasks import EvaluationInterrupted
 
 log = logging.getLogger("evald")
@@ -46,27 +48,29 @@ class CannotEvaluate(RuntimeError):
 
 
 class Server:
-    def __init__(self, resolved: ResolvedConfig) -> None:
+    def __init__(self, resolved: ResolvedConfig, group: Any = None) -> None:
         self.resolved = resolved
         self.config = resolved.config
+        self.group = group  # rank 0 of an eval group (evald.distributed.Group), or None: one device
         self.should_exit = False
         self.force_exit = False
         self.exit_code = 0
         self.events: "queue.Queue[tuple[str, Any]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
-        self.pipeline = Pipeline(should_abort=self._should_abort)
+        self.pipeline = Pipeline(should_abort=self._should_abort, group=group)
         self.run: Run | None = None
         self.receiver: Any = None
         self.control: Any = None
         self.locks: list[Lock] = []
         self._last_activity = time.monotonic()
         self._said_exiting = False
+        self._said_untrusted = False
 
     def serve(self) -> int:
         self._install_signal_handlers()
         try:
             self.startup()
             self.main_loop()
-        except InUse as exc:
+        except (InUse, SecurityError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
         except (CannotEvaluate, SystemicFailure) as exc:
@@ -103,10 +107,18 @@ class Server:
         for endpoint, flag in ((self.endpoint, "--endpoint"), (control_endpoint, "--control-endpoint")):
             self.locks.append(Lock(endpoint_lock_path(endpoint, default_socket_dir()), f"endpoint {endpoint}",
                                    f"give this one another {flag} (or EVALD_SOCKET_DIR)"))
-        self.receiver = Receiver(self.endpoint, self.events)
+        security = self.security
+        self.receiver = Receiver(self.endpoint, self.events, security=security)
         self.receiver.start()
-        self.control = ControlPublisher(control_endpoint)
+        self.control = ControlPublisher(control_endpoint, security=security)
         log.info("listening for notifications on %s; control state on %s", self.endpoint, control_endpoint)
+
+    @property
+    def security(self) -> SecurityConfig:
+        """Both sockets' security: CURVE with an allow-list, or NULL (ipc; tcp only if plaintext is allowed)."""
+        allowed = tuple(p for p in (self.config.allowed_keys or "").split(os.pathsep) if p)
+        return SecurityConfig(server_key=self.config.server_key, allowed_keys=allowed,
+                              allow_plaintext=self.config.allow_plaintext)
 
     def attach(self, ckpt_dir: Path) -> None:
         ckpt_dir = ckpt_dir.resolve()
@@ -129,6 +141,8 @@ class Server:
 
     def main_loop(self) -> None:
         while not self.should_exit:
+            if self.group is not None:
+                self.group.heartbeat()  # idle ranks wait in a collective, which times out
             self._drain_events(timeout=0.2)
             if self.run is None or self.should_exit:
                 continue
@@ -151,7 +165,12 @@ class Server:
         while True:
             source, payload = item
             if self.run is None and source == ZMQ and getattr(payload, "ckpt_dir", None):
-                self.attach(Path(payload.ckpt_dir))  # the first notification names the run's directory
+                self.attach(Path(payload.ckpt_dir))  # the first trusted notification names the run's directory
+            elif self.run is None and source == ZMQ_UNTRUSTED and not self._said_untrusted:
+                self._said_untrusted = True
+                log.warning("a %s message from an unauthenticated peer names %s; only a trusted one (local ipc "
+                            "or an allowed CURVE key) may choose the directory: pass --ckpt-dir",
+                            payload.TYPE, getattr(payload, "ckpt_dir", "no directory"))
             if self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
             try:
@@ -176,7 +195,7 @@ class Server:
     def shutdown(self) -> None:
         self._should_abort()
         closers = [("run", self.run and self.run.close), ("receiver", self.receiver and self.receiver.close),
-                   ("control", self.control and self.control.close)]
+                   ("control", self.control and self.control.close), ("group", self.group and self.group.close)]
         for name, closer in closers:
             try:
                 if closer:

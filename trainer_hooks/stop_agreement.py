@@ -24,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from evald.contracts.auth import SecurityConfig, secure_client
 from evald.contracts.wire import ControlState, ProtocolError, decode
 
 log = logging.getLogger("trainer_hooks.stop_agreement")
@@ -32,9 +33,13 @@ ReduceSum = Callable[[np.ndarray], np.ndarray]
 
 
 class ControlSubscriber:
-    """Latest ``control_state`` for one run id; other runs' messages are ignored."""
+    """Latest ``control_state`` for one run id; other runs' messages are ignored.
 
-    def __init__(self, endpoint: str, run_id: str) -> None:
+    With CURVE keys (``security``) it completes a handshake only with the evald whose public
+    key it holds, so a stop from any other publisher never arrives.
+    """
+
+    def __init__(self, endpoint: str, run_id: str, security: SecurityConfig | None = None) -> None:
         self.endpoint = endpoint
         self.run_id = run_id
         self.latest: ControlState | None = None
@@ -49,10 +54,13 @@ class ControlSubscriber:
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.CONFLATE, 1)  # only the newest state matters
             socket.setsockopt(zmq.SUBSCRIBE, b"")
-            socket.connect(endpoint)
             self._socket = socket
-        except Exception:
-            log.exception("cannot subscribe to evald control at %s; early stop disabled", endpoint)
+            secure_client(socket, endpoint, security or SecurityConfig())
+            socket.connect(endpoint)
+        except Exception as exc:
+            self.close()
+            log.error("evald early stop disabled: cannot subscribe to evald control at %s: %s", endpoint, exc,
+                      exc_info=not isinstance(exc, ValueError))
 
     def poll(self) -> ControlState | None:
         """Read whatever arrived (non-blocking) and return the latest state for this run."""
