@@ -15,7 +15,7 @@ def run(name: str, argv: Sequence[str]) -> int:
 
 def keys(argv: Sequence[str]) -> int:
     """Create CURVE key pairs for evald and the trainer, one directory per host, and say where each goes."""
-    from evald.contracts.auth import keys_command
+    from evald.contracts.key_bundles import keys_command
 
     p = argparse.ArgumentParser(prog="evald keys", description=keys.__doc__ + " See docs/authentication.md.")
     p.add_argument("dir", metavar="DIR", help="a new directory (created 0700); existing keys are never overwritten")
