@@ -92,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"evald: error: {exc}", file=sys.stderr)
         return 2
     config = resolved.config
+    if config.group_size > 1:  # several devices: an msrun eval group (docs/eval-group.md)
+        from evald.eval_group import main as group_main
+
+        return group_main(resolved, argv)
     if config.cpu_affinity:
         os.sched_setaffinity(0, parse_cpus(config.cpu_affinity))  # before mindspore starts its threads
     logging.basicConfig(level=getattr(logging, config.log_level), format="%(asctime)s %(name)s %(levelname)s %(message)s")
