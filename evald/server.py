@@ -194,6 +194,8 @@ class Server:
 
     def shutdown(self) -> None:
         self._should_abort()
+        if self.receiver is not None:
+            log.info("notification channel: %s", self.receiver.stats())
         closers = [("run", self.run and self.run.close), ("receiver", self.receiver and self.receiver.close),
                    ("control", self.control and self.control.close), ("group", self.group and self.group.close)]
         for name, closer in closers:

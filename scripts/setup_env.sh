@@ -14,3 +14,8 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     .venv/bin/python -m pip install --quiet -e ".[test]"
     echo "$want" > "$stamp"
 fi
+# tests/test_deploy.py runs `systemd-analyze verify` on deploy/evald@.service (systemd is in the image;
+# install it where it is not and we may).
+if ! command -v systemd-analyze >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
+fi
