@@ -62,13 +62,13 @@ def evaluate_times(logdir: Path) -> list[float]:
 def run_evald(ckpt_dir: Path, logdir: Path, devices: str, cpus: str, args: argparse.Namespace) -> tuple[float, list]:
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(REPO), EVALD_SOCKET_DIR=str(logdir.parent / "sockets"))
     cmd = [sys.executable, "-m", "evald", "--device", devices, "--cpu-affinity", cpus, "--ckpt-dir", str(ckpt_dir),
-           "--logdir", str(logdir), "--endpoint", "none", "--lag-policy", "all", "--subset-size",
+           "--logdir", str(logdir), "--run-name", "bench", "--endpoint", "none", "--lag-policy", "all", "--subset-size",
            str(args.subset_size), "--batch-size", str(args.batch_size), "--generation",
            json.dumps({"prompts": args.prompts, "new_tokens": 16})]
     started = time.monotonic()
     with open(logdir.parent / f"{logdir.name}.log", "wb") as out:
         subprocess.run(cmd, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=1800)
-    return time.monotonic() - started, evaluate_times(logdir)
+    return time.monotonic() - started, evaluate_times(logdir / "bench" / "eval")
 
 
 def main() -> int:

@@ -50,14 +50,17 @@ def main(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
 # --- the launcher ------------------------------------------------------------------------------
 
 def log_dir_of(resolved: ResolvedConfig) -> Path:
+    """msrun's logs: group.log_dir, else LOGDIR/msrun-RUN_NAME beside the run's TensorBoard directory."""
+    from evald.run_dir import default_logdir, default_run_name
+
     config = resolved.config
     if config.group.log_dir:
         return Path(config.group.log_dir)
-    if config.logdir:
-        return Path(config.logdir) / "msrun"
-    if config.ckpt_dir:
-        return Path(config.ckpt_dir) / "evald" / "msrun"
-    return Path("evald-msrun")
+    if not config.ckpt_dir and not config.logdir:
+        return Path("evald-msrun")
+    logdir = Path(config.logdir) if config.logdir else default_logdir(Path(config.ckpt_dir))
+    name = config.run_name or (default_run_name(Path(config.ckpt_dir)) if config.ckpt_dir else "evald")
+    return logdir / f"msrun-{name}"
 
 
 def msrun_command(resolved: ResolvedConfig, argv: Sequence[str], log_dir: Path, port: int) -> list[str]:
@@ -95,8 +98,9 @@ def _python_first_on_path(log_dir: Path, env: dict[str, str]) -> None:
 
 def launch(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
     """Run this host's part of the group under msrun; return rank 0's exit code (1 if the group failed)."""
-    logging.basicConfig(level=getattr(logging, resolved.config.log_level),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from evald import logs
+
+    logs.configure(resolved.config.log_level, resolved.config.log_format)
     config = resolved.config
     log_dir = log_dir_of(resolved).resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -201,8 +205,12 @@ def worker(resolved: ResolvedConfig) -> int:
     select_device(config.device.target, config.device.ids[local])
     init()
     rank, size = get_rank(), get_group_size()
-    logging.basicConfig(level=getattr(logging, config.log_level),
-                        format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
+    from evald import logs
+
+    logs.configure(config.log_level, config.log_format)
+    if config.log_format == "text":  # say which rank speaks (msrun's logs are per rank anyway)
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(logging.Formatter(logs.TEXT_FORMAT.replace("%(name)s", f"rank{rank} %(name)s")))
     from evald.distributed import Group
 
     group = Group(rank, size)
