@@ -50,8 +50,8 @@ class GroupOptions:
     master_addr: str = opt("127.0.0.1", "address of node 0, where msrun's scheduler listens", kind="str")
     master_port: int | None = opt(None, "msrun's scheduler port (the same on every node); default: a free "
                                   "port (one node only)", kind="int", min=1024, max=65535)
-    log_dir: str | None = opt(None, "msrun's worker logs; default: LOGDIR/msrun, else CKPT_DIR/evald/msrun, "
-                              "else ./evald-msrun", kind="path")
+    log_dir: str | None = opt(None, "msrun's worker logs; default: LOGDIR/msrun-RUN_NAME (else ./evald-msrun)",
+                              kind="path")
     cluster_time_out: int = opt(600, "seconds msrun waits for every rank to join", kind="int", min=1)
 
     def __post_init__(self) -> None:
