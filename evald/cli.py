@@ -4,6 +4,7 @@
     evald status [...]           a run's state, read-only, safe while evald runs
     evald retry [STEP ...]       re-queue failed checkpoints (all when none is named)
     evald subset [...]           print the indices of the fixed validation subset
+    evald keys DIR               create CURVE keys for evald and the trainer (docs/authentication.md)
     evald --version
 
 Every run option is generated from evald/config/options.py; values are collected as
@@ -23,7 +24,7 @@ from evald.config import (ConfigError, ResolvedConfig, command_line_layer, defau
                           option_fields, resolve, toml_layer)
 from evald.config.schema import parse_cpus
 
-SUBCOMMANDS = ("status", "retry", "subset")
+SUBCOMMANDS = ("status", "retry", "subset", "keys")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="evald",
         description="Asynchronous out-of-process evaluator for MindSpore training. Run it beside the training "
                     "job on a device no training rank uses: `evald --device 7`. Other commands: "
-                    "`evald status`, `evald retry`, `evald subset` (each with --help).",
+                    "`evald status`, `evald retry`, `evald subset`, `evald keys` (each with --help).",
         epilog="Precedence: command line > environment variable > --config TOML > the trainer's run "
                "announcement > default. Every option is also a TOML key of the same name (underscores); "
                "table options are TOML tables. See docs/configuration.md.")
@@ -92,6 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"evald: error: {exc}", file=sys.stderr)
         return 2
     config = resolved.config
+    if config.group_size > 1:  # several devices: an msrun eval group (docs/eval-group.md)
+        from evald.eval_group import main as group_main
+
+        return group_main(resolved, argv)
     if config.cpu_affinity:
         os.sched_setaffinity(0, parse_cpus(config.cpu_affinity))  # before mindspore starts its threads
     logs.configure(config.log_level, config.log_format)

@@ -1,4 +1,5 @@
-"""evald's subcommands besides serving a run: ``evald status``, ``evald retry``, ``evald subset``."""
+"""evald's subcommands besides serving a run: ``evald status``, ``evald retry``, ``evald subset``,
+``evald keys``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from evald.run_dir import LEDGER_FILE, RunDirError, locate, runs_in
 
 
 def run(name: str, argv: Sequence[str]) -> int:
-    return {"status": status, "retry": retry, "subset": subset}[name](argv)
+    return {"status": status, "retry": retry, "subset": subset, "keys": keys}[name](argv)
 
 
 def _which_run(p: argparse.ArgumentParser) -> None:
@@ -80,6 +81,15 @@ def retry(argv: Sequence[str]) -> int:
         print(f"evald pid {holder.get('pid')} serves this run and takes them up at its next turn" if holder
               is not None else "no evald serves this run now: they are evaluated when evald starts on it")
     return 1 if args.steps and done.not_failed and not done.requeued and not done.rejudged else 0
+
+
+def keys(argv: Sequence[str]) -> int:
+    """Create CURVE key pairs for evald and the trainer, one directory per host, and say where each goes."""
+    from evald.contracts.key_bundles import keys_command
+
+    p = argparse.ArgumentParser(prog="evald keys", description=keys.__doc__ + " See docs/authentication.md.")
+    p.add_argument("dir", metavar="DIR", help="a new directory (created 0700); existing keys are never overwritten")
+    return keys_command(p.parse_args(list(argv)).dir)
 
 
 def subset(argv: Sequence[str]) -> int:

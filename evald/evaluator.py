@@ -4,6 +4,10 @@ Swapping weights into a compiled network does not recompile, while building and 
 a fresh network takes seconds; evald.hot_swap reads checkpoint files straight into the
 parameters' memory. Batches keep one shape, so the graph compiles exactly once, when the
 Evaluator is built.
+
+In an eval group (evald.group_evaluator) each rank's Evaluator is one ``part`` of the work:
+every ``size``-th batch of the fixed subset and a slice of the generation prompts, returned by
+``evaluate_part`` as full-size arrays with zeros in the other ranks' rows.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
 
 from evald.checkpoints import CheckpointError
 from evald.contracts.wire import FactorySpec
@@ -35,7 +41,8 @@ class EvalResult:
 
 class Evaluator:
     def __init__(self, *, task: str, model: FactorySpec, data: FactorySpec, subset_size: int,
-                 subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None) -> None:
+                 subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None,
+                 part: tuple[int, int] = (0, 1)) -> None:
         import mindspore as ms
 
         self._ms = ms
@@ -55,6 +62,10 @@ class Evaluator:
             self.task.check_item(dataset[int(i)])
         self.subset = SubsetInfo.of(indices, num_samples=size, requested=subset_size, seed=subset_seed)
         self.batches = fixed_batches(dataset, indices, batch_size)
+        rank, size = part
+        self.part_batches = self.batches[rank::size]  # whole batches: the same rows, shapes and values
+        self.part_rows = np.concatenate([np.arange(b * batch_size, b * batch_size + int(batch.weights.sum()))
+                                         for b, batch in enumerate(self.batches)][rank::size] or [np.zeros(0, int)])
         self.network = call_factory(model, "model")
         if not hasattr(self.network, "parameters_and_names"):
             raise TypeError(f"the model factory {model.target!r} returned {type(self.network).__name__}, "
@@ -65,10 +76,12 @@ class Evaluator:
         self.weights = NetworkWeights(self.network)
         self.generation = generation
         if generation is not None:
-            generation.prepare(self.network, dataset, indices)
-        self.task.evaluate(self.cell, self.batches[:1])  # compile now, not at the first checkpoint
+            generation.prepare(self.network, dataset, indices, part=part)
+        sample = self.task.outputs(self.cell, self.batches[:1])  # compile now, not at the first checkpoint
+        self.layout = {name: ((len(indices),) + values.shape[1:], values.dtype) for name, values in sample.items()}
         if generation is not None:
-            generation.run()
+            generation.outputs()
+            self.layout.update({f"gen/{name}": spec for name, spec in generation.layout().items()})
         log.info("evaluation network ready in %.1fs: %d parameters (%s); %s", time.time() - started,
                  len(self.weights.specs), "read in place" if self.weights.in_place else "set_data",
                  self.subset.describe())
@@ -87,3 +100,29 @@ class Evaluator:
             metrics.update(gen_metrics)
             texts.update(gen_texts)
         return EvalResult(metrics, texts, loaded - started, time.time() - loaded)
+
+    def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never
+                      ) -> tuple[dict[str, np.ndarray], float]:
+        """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows; and the load time."""
+        started = time.time()
+        load_into(self.weights, path, kind)
+        if not self.weights.valid:
+            raise CheckpointError(f"{path.name}: the swap did not complete")
+        loaded = time.time()
+        full = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()}
+        if self.part_batches:
+            for name, values in self.task.outputs(self.cell, self.part_batches, should_abort).items():
+                full[name][self.part_rows] = values
+        if self.generation is not None:
+            for name, values in self.generation.outputs(should_abort).items():
+                full[f"gen/{name}"][self.generation.local_rows] = values
+        return full, loaded - started
+
+    def metrics_of(self, full: dict[str, np.ndarray]) -> tuple[dict[str, float], dict[str, str]]:
+        """Metrics and texts from the whole subset's arrays, exactly as ``evaluate`` computes them."""
+        metrics = self.task.metrics({k: v for k, v in full.items() if not k.startswith("gen/")})
+        texts: dict[str, str] = {}
+        if self.generation is not None:
+            gen_metrics, texts = self.generation.report({k[4:]: v for k, v in full.items() if k.startswith("gen/")})
+            metrics.update(gen_metrics)
+        return metrics, texts

@@ -57,13 +57,14 @@ class _Plugin:
 
 
 class Pipeline:
-    def __init__(self, should_abort: ShouldAbort) -> None:
+    def __init__(self, should_abort: ShouldAbort, group: Any = None) -> None:
         self.should_abort = should_abort
+        self.group = group  # an eval group's rank 0 (evald.distributed.Group): every rank builds and evaluates
         self.evaluator: Evaluator | None = None
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
         self._built_specs: tuple | None = None
         self._failed_specs: tuple | None = None
-        self._device_selected = False
+        self._device_selected = group is not None  # a group's ranks picked their devices before init()
 
     def ensure_built(self, config: EvaldConfig) -> bool:
         """Build the evaluator for ``config``'s factories if needed; False while it cannot be built."""
@@ -111,6 +112,13 @@ class Pipeline:
             generation = SampleGenerator(prompts=g.prompts, prompt_len=g.prompt_len, new_tokens=g.new_tokens,
                                          top_k=g.top_k, top_p=g.top_p, seed=g.seed)
         self.evaluator = None
+        if self.group is not None:
+            from evald.group_evaluator import GroupEvaluator
+
+            self.evaluator = GroupEvaluator(self.group, task=task, model=model, data=data,
+                                            subset_size=config.subset_size, subset_seed=config.subset_seed,
+                                            batch_size=config.batch_size, generation=config.generation)
+            return
         self.evaluator = Evaluator(task=task, model=model, data=data, subset_size=config.subset_size,
                                    subset_seed=config.subset_seed, batch_size=config.batch_size,
                                    plugins=plugins, generation=generation)

@@ -21,6 +21,7 @@ Exit codes: 0 done; 1 forced exit; 2 bad configuration or another evald in the w
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import time
@@ -29,7 +30,7 @@ from typing import Any
 
 from evald import disk_full, private_files, trust
 from evald.config import ResolvedConfig
-from evald.contracts.auth import SecurityConfig
+from evald.contracts.auth import SecurityConfig, SecurityError
 from evald.contracts.wire import default_control_endpoint, default_endpoint, default_socket_dir
 from evald.evaluation import SystemicFailure
 from evald.locks import InUse, Lock, directory_lock_path, endpoint_lock_path
@@ -37,7 +38,7 @@ from evald.pipeline import Pipeline
 from evald.legacy_layout import migrate_flat_ledger
 from evald.run import Run
 from evald.run_dir import RunDirError, open_run
-from evald.sources.receiver import ZMQ
+from evald.sources.receiver import ZMQ, ZMQ_UNTRUSTED
 from evald.tasks import EvaluationInterrupted
 
 log = logging.getLogger("evald")
@@ -51,14 +52,15 @@ class CannotEvaluate(RuntimeError):
 
 
 class Server:
-    def __init__(self, resolved: ResolvedConfig) -> None:
+    def __init__(self, resolved: ResolvedConfig, group: Any = None) -> None:
         self.resolved = resolved
         self.config = resolved.config
+        self.group = group  # rank 0 of an eval group (evald.distributed.Group), or None: one device
         self.should_exit = False
         self.force_exit = False
         self.exit_code = 0
         self.events: "queue.Queue[tuple[str, Any]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
-        self.pipeline = Pipeline(should_abort=self._should_abort)
+        self.pipeline = Pipeline(should_abort=self._should_abort, group=group)
         self.run: Run | None = None
         self.receiver: Any = None
         self.control: Any = None
@@ -72,7 +74,7 @@ class Server:
         try:
             self.startup()
             self.main_loop()
-        except (InUse, RunDirError) as exc:
+        except (InUse, RunDirError, SecurityError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
         except (CannotEvaluate, SystemicFailure) as exc:
@@ -110,12 +112,18 @@ class Server:
         for endpoint, flag in ((self.endpoint, "--endpoint"), (control_endpoint, "--control-endpoint")):
             self.locks.append(Lock(endpoint_lock_path(endpoint, default_socket_dir()), f"endpoint {endpoint}",
                                    f"give this one another {flag} (or EVALD_SOCKET_DIR)"))
-        for endpoint in (self.endpoint, control_endpoint):  # warns about tcp://* and plaintext (until CURVE is wired)
-            SecurityConfig(allow_plaintext=True).mechanism(endpoint, "server")
-        self.receiver = Receiver(self.endpoint, self.events)
+        security = self.security
+        self.receiver = Receiver(self.endpoint, self.events, security=security)
         self.receiver.start()
-        self.control = ControlPublisher(control_endpoint)
+        self.control = ControlPublisher(control_endpoint, security=security)
         log.info("listening for notifications on %s; control state on %s", self.endpoint, control_endpoint)
+
+    @property
+    def security(self) -> SecurityConfig:
+        """Both sockets' security: CURVE with an allow-list, or NULL (ipc; tcp only if plaintext is allowed)."""
+        allowed = tuple(p for p in (self.config.allowed_keys or "").split(os.pathsep) if p)
+        return SecurityConfig(server_key=self.config.server_key, allowed_keys=allowed,
+                              allow_plaintext=self.config.allow_plaintext)
 
     def attach(self, ckpt_dir: Path) -> None:
         ckpt_dir = ckpt_dir.resolve()
@@ -140,6 +148,8 @@ class Server:
 
     def main_loop(self) -> None:
         while not self.should_exit:
+            if self.group is not None:
+                self.group.heartbeat()  # idle ranks wait in a collective, which times out
             self._drain_events(timeout=0.2)
             if self.run is None or self.should_exit:
                 continue
@@ -164,6 +174,8 @@ class Server:
             if self.run is None and source == ZMQ and getattr(payload, "ckpt_dir", None):
                 if trust.may_attach(trust.of_receiver(self.receiver), payload.ckpt_dir, payload.TYPE):
                     self.attach(Path(payload.ckpt_dir))  # the first trusted notification names the directory
+            elif self.run is None and source == ZMQ_UNTRUSTED and getattr(payload, "ckpt_dir", None):
+                trust.may_attach(trust.UNAUTHENTICATED_PEER, payload.ckpt_dir, payload.TYPE)  # says why not
             if self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
             if handled == EVENTS_PER_TURN:
@@ -189,8 +201,10 @@ class Server:
 
     def shutdown(self) -> None:
         self._should_abort()
+        if self.receiver is not None:
+            log.info("notification channel: %s", self.receiver.stats())
         closers = [("run", self.run and self.run.close), ("receiver", self.receiver and self.receiver.close),
-                   ("control", self.control and self.control.close)]
+                   ("control", self.control and self.control.close), ("group", self.group and self.group.close)]
         for name, closer in closers:
             try:
                 if closer:

@@ -43,6 +43,9 @@ class Source:
         return f"{self.name} ({self.why})"
 
 
+UNAUTHENTICATED_PEER = Source("a plaintext TCP peer", False, "not authenticated: anyone who can reach the endpoint")
+
+
 def channel(endpoint: str, *, authenticated: bool = False) -> Source:
     """The notification channel bound at ``endpoint``; ``authenticated``: CURVE with an allow-list."""
     name = f"notification endpoint {endpoint}"
@@ -63,7 +66,7 @@ def of_receiver(receiver: Any) -> Source:
     """The trust of the messages a ``Receiver`` hands on (all from one bound channel)."""
     if receiver is None:
         return Source("no notification endpoint", False, "no channel")
-    return channel(receiver.endpoint, authenticated=bool(getattr(receiver, "authenticated", False)))
+    return channel(receiver.endpoint, authenticated=bool(getattr(receiver, "authenticated", False)))  # CURVE
 
 
 def private_directory(directory: Path) -> str | None:

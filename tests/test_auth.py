@@ -25,7 +25,7 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from evald.contracts import auth
+from evald.contracts import auth, key_bundles
 from evald.contracts.auth import SecurityConfig, SecurityError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ class Hosts:
 
 @pytest.fixture
 def hosts(tmp_path) -> Hosts:
-    keys = auth.create_key_bundles(tmp_path / "keys")
+    keys = key_bundles.create_key_bundles(tmp_path / "keys")
     _, intruder_secret = auth.generate_keypair(tmp_path / "intruder-host", "intruder")
     rogue_public, rogue_secret = auth.generate_keypair(tmp_path / "rogue-host", "rogue")
     return Hosts(
@@ -197,7 +197,7 @@ def test_loading_refuses_exposed_secret_and_swapped_files(tmp_path):
 
 
 def test_keys_command_sorts_keys_per_host_and_explains_distribution(tmp_path, capsys):
-    assert auth.keys_command(str(tmp_path / "keys")) == 0
+    assert key_bundles.keys_command(str(tmp_path / "keys")) == 0
     out = capsys.readouterr().out
     evald_host, trainer_host = tmp_path / "keys" / "evald-host", tmp_path / "keys" / "trainer-host"
     files = sorted(str(p.relative_to(tmp_path / "keys")) for p in (tmp_path / "keys").rglob("*") if p.is_file())
@@ -213,7 +213,7 @@ def test_keys_command_sorts_keys_per_host_and_explains_distribution(tmp_path, ca
     assert auth.load_public_key(trainer_host / "evald.key") == auth.load_secret_key(evald_host / "evald.key_secret")[0]
     assert auth.load_allowed_keys([str(evald_host / "allowed")]) == {
         auth.load_secret_key(trainer_host / "trainer.key_secret")[0].decode(): "trainer"}
-    assert auth.keys_command(str(tmp_path / "keys")) == 1
+    assert key_bundles.keys_command(str(tmp_path / "keys")) == 1
     assert "refusing to overwrite" in capsys.readouterr().err
 
 

@@ -118,7 +118,9 @@ def test_unknown_toml_key_names_the_file_and_the_key(tmp_path):
     (["--endpoint", "none"], "set --ckpt-dir"),
     (["--endpoint", "none", "--control-endpoint", "none"], "set --ckpt-dir"),
     (["--stopping-threshold", "5", "--divergence-threshold", "1"], "must be below divergence_threshold"),
-    (["--device", "0,1"], "several devices"),
+    (["--device", "0,1", "--metric-plugin", "a.b:C"], "cannot combine them exactly"),
+    (["--group", '{"nodes": 2, "node_rank": 1}'], "needs group.master_port"),
+    (["--group", '{"nodes": 2, "node_rank": 2}'], "must be below nodes"),
 ])
 def test_options_that_only_make_sense_together_are_checked(argv, expected):
     with pytest.raises(ConfigError, match=expected):

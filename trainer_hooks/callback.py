@@ -10,7 +10,9 @@ It reads the step, epoch, loss (and gradient norm, loss scale or overflow when
 the train cell returns them as a tuple ``(loss, grad_norm)`` or
 ``(loss, overflow, scale)``) from the run context, and calls
 ``run_context.request_stop()`` when evald's stop decision has been agreed on
-by every rank.
+by every rank. Every other keyword argument goes to EvaldHook, e.g. the CURVE keys for
+an evald on another host: ``client_key=``, ``server_public_key=`` (or ``EVALD_CLIENT_KEY``,
+``EVALD_SERVER_PUBLIC_KEY``; docs/authentication.md).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from evald.contracts import layout
+from evald.contracts.auth import SecurityConfig
 from evald.contracts.wire import (
     CheckpointCommitted,
     FactorySpec,
@@ -138,6 +139,9 @@ class EvaldHook:
         keep_last: int | None = None,
         final_snapshot_timeout_s: float = 120.0,
         lr_advice_handler: Callable[[Mapping[str, Any]], None] | None = None,
+        client_key: str | os.PathLike | None = None,          # CURVE (docs/authentication.md); default
+        server_public_key: str | os.PathLike | None = None,   # $EVALD_CLIENT_KEY, $EVALD_SERVER_PUBLIC_KEY,
+        allow_plaintext: bool | None = None,                  # $EVALD_ALLOW_PLAINTEXT
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.network = network
@@ -168,11 +172,13 @@ class EvaldHook:
         self.writer: SnapshotWriter | None = None
         self.telemetry = Telemetry(total_steps=total_steps, flush_every=telemetry_every)
         self.agreement: StopAgreement | None = None
+        security = SecurityConfig.from_env(client_key=client_key, server_public_key=server_public_key,
+                                           allow_plaintext=allow_plaintext)
 
         try:
             if self.is_writer:
                 self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-                self.notifier = Notifier(self.endpoint)
+                self.notifier = Notifier(self.endpoint, security=security)
                 self.writer = SnapshotWriter(
                     self.ckpt_dir, self.run_id, on_committed=self._on_committed,
                     producer={"rank": self.rank, "world_size": self.world_size,
@@ -198,7 +204,8 @@ class EvaldHook:
                     log.warning("world size %d but mindspore.communication is not initialised: early "
                                 "stop disabled (ranks could not agree on a step)", self.world_size)
                 else:
-                    subscriber = ControlSubscriber(self.control_endpoint, self.run_id) if self.rank == 0 else None
+                    subscriber = (ControlSubscriber(self.control_endpoint, self.run_id, security)
+                                  if self.rank == 0 else None)
                     self.agreement = StopAgreement(rank=self.rank, world_size=self.world_size,
                                                    agree_every=agree_every, subscriber=subscriber,
                                                    reduce_sum=reduce_sum)

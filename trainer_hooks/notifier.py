@@ -6,6 +6,8 @@ NOBLOCK: when evald is absent, slow or dead, messages wait in ZeroMQ's
 connect-side queue up to ``send_hwm`` and beyond that are dropped and counted.
 Nothing here can block or raise into the training loop; the checkpoint
 directory, not this channel, is what guarantees evald sees every checkpoint.
+With CURVE keys (``security``) the socket talks only to the evald whose public
+key it holds; a key problem disables notifications with a logged error.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ import collections
 import logging
 import threading
 
+from evald.contracts.auth import SecurityConfig, secure_client
 from evald.contracts.wire import Message, ensure_socket_dir
 
 log = logging.getLogger("trainer_hooks.notifier")
 
 
 class Notifier:
-    def __init__(self, endpoint: str, *, queue_size: int = 1000, send_hwm: int = 1000) -> None:
+    def __init__(self, endpoint: str, *, queue_size: int = 1000, send_hwm: int = 1000,
+                 security: SecurityConfig | None = None) -> None:
         self.endpoint = endpoint
+        self.security = security or SecurityConfig()
+        self.mechanism: str | None = None  # "curve" or "null" once connected; None while not (or never)
         self.sent = 0
         self.dropped = 0
         self._queue: collections.deque[bytes] = collections.deque()
@@ -63,10 +69,14 @@ class Notifier:
             socket = context.socket(zmq.PUSH)
             socket.setsockopt(zmq.LINGER, 0)  # never hang the trainer's exit
             socket.setsockopt(zmq.SNDHWM, self._send_hwm)
+            mechanism = secure_client(socket, self.endpoint, self.security)
             socket.connect(self.endpoint)
-        except Exception:
-            log.exception("evald notifier cannot connect to %s; notifications disabled "
-                          "(evald still finds checkpoints by watching the directory)", self.endpoint)
+            self.mechanism = mechanism
+        except Exception as exc:
+            if "socket" in locals():
+                socket.close(linger=0)
+            log.error("evald notifications to %s disabled: %s (evald still finds checkpoints by watching "
+                      "the directory)", self.endpoint, exc, exc_info=not isinstance(exc, ValueError))
             self._discard_forever()
             return
         try:

@@ -33,9 +33,13 @@ ReduceSum = Callable[[np.ndarray], np.ndarray]
 
 
 class ControlSubscriber:
-    """Latest ``control_state`` for one run id; other runs' messages are ignored."""
+    """Latest ``control_state`` for one run id; other runs' messages are ignored.
 
-    def __init__(self, endpoint: str, run_id: str) -> None:
+    With CURVE keys (``security``) it completes a handshake only with the evald whose public
+    key it holds, so a stop from any other publisher never arrives.
+    """
+
+    def __init__(self, endpoint: str, run_id: str, security: SecurityConfig | None = None) -> None:
         self.endpoint = endpoint
         self.run_id = run_id
         self.latest: ControlState | None = None
@@ -54,13 +58,13 @@ class ControlSubscriber:
             # Only the evald this run announced to may stop it: an ipc socket in a private directory,
             # CURVE with evald's key, or plaintext TCP only when allowed (docs/security.md).
             ensure_socket_dir(endpoint)
-            secure_client(socket, endpoint, SecurityConfig.from_env())
+            secure_client(socket, endpoint, security or SecurityConfig.from_env())
             socket.connect(endpoint)
             self._socket = socket
-        except (SecurityError, PermissionError) as exc:
-            log.error("not subscribing to evald control at %s: %s; early stop disabled", endpoint, exc)
+        except (SecurityError, PermissionError, ValueError) as exc:
+            log.error("evald early stop disabled: not subscribing to evald control at %s: %s", endpoint, exc)
         except Exception:
-            log.exception("cannot subscribe to evald control at %s; early stop disabled", endpoint)
+            log.exception("evald early stop disabled: cannot subscribe to evald control at %s", endpoint)
         if self._socket is None and socket is not None:
             socket.close(linger=0)
 

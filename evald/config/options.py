@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from evald.config.schema import DeviceSpec, opt
+from evald.contracts import auth
 from evald.health_thresholds import HealthThresholds
 
 
@@ -41,6 +42,24 @@ class TuningOptions:
 
 
 @dataclass(frozen=True)
+class GroupOptions:
+    nodes: int = opt(1, "hosts in the eval group; each runs `evald --device ...` with the same device count",
+                     kind="int", min=1, max=4096)
+    node_rank: int = opt(0, "this host's place in the group, 0..nodes-1; node 0 owns the ledger and sockets",
+                         kind="int", min=0, max=4095)
+    master_addr: str = opt("127.0.0.1", "address of node 0, where msrun's scheduler listens", kind="str")
+    master_port: int | None = opt(None, "msrun's scheduler port (the same on every node); default: a free "
+                                  "port (one node only)", kind="int", min=1024, max=65535)
+    log_dir: str | None = opt(None, "msrun's worker logs; default: LOGDIR/msrun-RUN_NAME (else ./evald-msrun)",
+                              kind="path")
+    cluster_time_out: int = opt(600, "seconds msrun waits for every rank to join", kind="int", min=1)
+
+    def __post_init__(self) -> None:
+        if self.node_rank >= self.nodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nodes {self.nodes}")
+
+
+@dataclass(frozen=True)
 class EvaldConfig:
     # --- where to run, where to look, how to reach the trainer
     device: DeviceSpec = opt(None, "device to evaluate on: ID, TARGET:ID (TARGET Ascend, GPU or CPU) or a "
@@ -64,10 +83,21 @@ class EvaldConfig:
     app_dir: str | None = opt(None, "directory put first on sys.path before importing the factories",
                               kind="path", env="EVALD_APP_DIR")
     cpu_affinity: str | None = opt(None, "pin evald to these CPU cores, e.g. 1 or 2-3 (set before mindspore "
-                                   "starts)", kind="cpus")
+                                   "starts); with several devices, split evenly between this node's ranks",
+                                   kind="cpus")
     state_mode: str = opt("private", "who may read evald's ledger, TensorBoard events, best.json and summary: "
                           "private (0600 files, 0700 directory) or group (0640, 0750); docs/security.md",
                           kind="choice", choices=("private", "group"), env="EVALD_STATE_MODE")
+    server_key: str | None = opt(None, "evald's CURVE secret key file (`evald keys DIR`); with --allowed-keys, "
+                                 "both channels are encrypted and only allowed trainers get in "
+                                 "(docs/authentication.md)", kind="path", env=auth.ENV_SERVER_KEY)
+    allowed_keys: str | None = opt(None, "trainers' CURVE public keys: a directory of *.key files or .key "
+                                   "files, several separated by ':'", kind="path", env=auth.ENV_ALLOWED_KEYS)
+    allow_plaintext: bool = opt(False, "allow an unauthenticated, unencrypted tcp:// endpoint (a trusted "
+                                "network only; logged loudly)", kind="bool", env=auth.ENV_ALLOW_PLAINTEXT)
+    group: GroupOptions = opt(None, "several devices (--device 4,5,6,7): one msrun eval group, and msrun's "
+                              "node options for several hosts ([group] table; docs/eval-group.md)",
+                              kind="table", table=GroupOptions, factory=GroupOptions)
     # --- what to evaluate
     task: str | None = opt(None, "lm or classification; default: the trainer's announcement, else lm",
                            kind="choice", choices=("lm", "classification"))
@@ -134,6 +164,11 @@ class EvaldConfig:
     @property
     def effective_every_k(self) -> int:
         return self.every_k or 2
+
+    @property
+    def group_size(self) -> int:
+        """Eval ranks: devices per host times hosts; more than 1 makes an msrun eval group."""
+        return len(self.device.ids) * self.group.nodes
 
 
 def option_fields() -> list:

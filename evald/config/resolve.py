@@ -90,9 +90,13 @@ def _check_combinations(config: EvaldConfig, sources: Mapping[str, str]) -> None
         if getattr(config, f"{which}_kwargs") is not None and not getattr(config, f"{which}_factory"):
             raise error(f"{which}_kwargs", f"given without {which}_factory; kwargs are never applied to the "
                                            f"trainer's announced factory: set --{which}-factory too")
-    if len(config.device.ids) > 1:
-        raise error("device", f"{config.device}: evaluating on several devices is not available in this "
-                              f"version; give one device id")
+    if config.group_size > 1 and config.metric_plugins:
+        raise error("metric_plugins", f"metric plug-ins update per batch, so an eval group over devices "
+                                      f"{config.device} cannot combine them exactly; evaluate on one device, or "
+                                      f"drop the plug-ins")
+    if config.group.nodes > 1 and config.group.master_port is None:
+        raise error("group", f"an eval group over {config.group.nodes} hosts needs group.master_port (the same "
+                             f"on every host) and group.master_addr (node 0's address)")
     if config.every_k is not None and config.lag_policy != "every-k":
         raise error("every_k", f"only applies with lag_policy every-k, but lag_policy is {config.lag_policy!r}")
     if config.serve_forever and config.idle_exit_s is not None:

@@ -12,9 +12,9 @@ import logging
 import os
 import shutil
 import socket as _socket_mod
-import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -117,43 +117,6 @@ def _read_certificate(path: Path, what: str) -> tuple[int, bytes, bytes | None]:
     if any(key is not None and len(key) != 40 for key in (public, secret)):
         raise SecurityError(f"{path} holds a malformed key (a z85 CURVE key has 40 characters)")
     return mode, public, secret
-
-
-_INSTRUCTIONS = f"""Created CURVE keys (secret files 0600, directories 0700).
-Copy {{server_key.parent}}/ to the host that runs evald:
-  {{server_key}}   evald's SECRET key -> evald {OPT_SERVER_KEY} / {ENV_SERVER_KEY}
-  {{allowed_keys}}/   trainer public keys -> evald {OPT_ALLOWED_KEYS} / {ENV_ALLOWED_KEYS}
-Copy {{client_key.parent}}/ to every host that runs training ranks:
-  {{client_key}}   trainer's SECRET key -> hook {HOOK_CLIENT_KEY}= / {ENV_CLIENT_KEY}
-  {{server_public_key}}   evald's public key -> hook {HOOK_SERVER_PUBLIC_KEY}= / {ENV_SERVER_PUBLIC_KEY}
-Use scp/rsync over ssh; keep secret files 0600 and on their host. More: docs/authentication.md"""
-
-
-def create_key_bundles(directory: str | os.PathLike) -> dict[str, Path]:
-    """An evald (server) and a trainer (client) pair, sorted into one directory per host."""
-    root = Path(directory)
-    evald_host, trainer_host = root / "evald-host", root / "trainer-host"
-    if evald_host.exists() or trainer_host.exists():
-        raise FileExistsError(f"{root} already holds keys; refusing to overwrite them (pick a new DIR)")
-    _private_dir(root)
-    evald_public, evald_secret = generate_keypair(evald_host, "evald")
-    trainer_public, trainer_secret = generate_keypair(trainer_host, "trainer")
-    _private_dir(evald_host / "allowed")
-    os.replace(evald_public, trainer_host / evald_public.name)
-    os.replace(trainer_public, evald_host / "allowed" / trainer_public.name)
-    return {"server_key": evald_secret, "allowed_keys": evald_host / "allowed",
-            "client_key": trainer_secret, "server_public_key": trainer_host / evald_public.name}
-
-
-def keys_command(directory: str) -> int:
-    """``evald keys DIR``: create both key pairs and print which file goes to which host."""
-    try:
-        made = create_key_bundles(directory)
-    except (OSError, SecurityError) as exc:
-        print(f"evald keys: {exc}", file=sys.stderr)
-        return 1
-    print(_INSTRUCTIONS.format(**made))
-    return 0
 
 
 @dataclass(frozen=True)
@@ -260,6 +223,19 @@ class ServerAuth:
                 self.zap.authenticator.stop()
 
 
+def _start(authenticator: Any) -> None:
+    """Start a ZAP handler; the context's previous one may still be unbinding (libzmq closes lazily)."""
+    import zmq
+    for attempt in range(200):
+        try:
+            return authenticator.start()
+        except zmq.ZMQError as exc:
+            authenticator.zap_socket.close(linger=0)
+            if exc.errno != zmq.EADDRINUSE or attempt == 199:
+                raise
+            time.sleep(0.01)
+
+
 def secure_server(socket: Any, endpoint: str, security: SecurityConfig) -> ServerAuth:
     """Before ``bind``: CURVE server admitting allow-listed keys, or NULL+ZAP on a local endpoint."""
     from zmq.auth.thread import ThreadAuthenticator
@@ -275,7 +251,7 @@ def secure_server(socket: Any, endpoint: str, security: SecurityConfig) -> Serve
         zap = _zap_handlers.get(id(socket.context))
         if zap is None:
             authenticator = ThreadAuthenticator(socket.context, log=logging.getLogger("evald.auth.zap"))
-            authenticator.start()  # before bind: a CURVE server with no ZAP handler admits any key
+            _start(authenticator)  # before bind: a CURVE server with no ZAP handler admits any key
             zap = _zap_handlers[id(socket.context)] = _AllowList(authenticator)
             authenticator.configure_curve_callback(ZAP_DOMAIN, zap)
         if keys and zap.keys and keys != zap.keys:

@@ -3,6 +3,9 @@
 PUB drops what it sends before a subscriber has joined, so the current state is
 re-published every ``republish_s``: a rank that starts or restarts late still
 gets it within one period. Subscribers keep only the newest (CONFLATE).
+The socket is a CURVE server when keys are given (only allow-listed trainers
+receive the state, and a trainer accepts it only from evald's key); see
+evald.contracts.auth.
 """
 
 from __future__ import annotations
@@ -10,13 +13,14 @@ from __future__ import annotations
 import logging
 import time
 
+from evald.contracts.auth import SecurityConfig, secure_server
 from evald.contracts.wire import ControlState, ensure_socket_dir
 
 log = logging.getLogger("evald.control")
 
 
 class ControlPublisher:
-    def __init__(self, endpoint: str, republish_s: float = 1.0) -> None:
+    def __init__(self, endpoint: str, republish_s: float = 1.0, security: SecurityConfig | None = None) -> None:
         import zmq
 
         self.endpoint = endpoint
@@ -26,9 +30,14 @@ class ControlPublisher:
         self._socket = zmq.Context.instance().socket(zmq.PUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
+            self._auth = secure_server(self._socket, endpoint, security or SecurityConfig())
+        except Exception:
+            self._socket.close(linger=0)
+            raise
+        try:
             self._socket.bind(endpoint)
         except zmq.ZMQError as exc:
-            self._socket.close(linger=0)
+            self._auth.close()
             raise OSError(f"cannot bind control endpoint {endpoint}: {exc}; pick another with "
                           f"--control-endpoint / EVALD_CONTROL_ENDPOINT") from exc
         self.state: ControlState | None = None
@@ -50,4 +59,4 @@ class ControlPublisher:
         self._last_sent = time.monotonic()
 
     def close(self) -> None:
-        self._socket.close(linger=0)
+        self._auth.close()  # the socket first, then its ZAP handler

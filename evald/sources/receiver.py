@@ -12,9 +12,15 @@ No single frame can stop this thread or make evald's main loop fall behind:
   and counted by type. Every notice is a doorbell; the directory is the truth;
 * an unexpected exception is logged and the loop goes on.
 
-ZAP is enabled (a ThreadAuthenticator with no restrictions) even on the NULL
-mechanism, because libzmq then refuses the unversioned ZMTP 1.0 handshake
-through which raw bytes otherwise become "messages".
+The socket is secured by evald.contracts.auth.secure_server: CURVE with an
+allow-list when keys are given, else NULL behind ZAP (libzmq then refuses the
+unversioned ZMTP 1.0 handshake through which raw bytes otherwise become
+"messages"); plaintext on a network endpoint is refused unless allowed.
+
+Each message says whether its sender is trusted: ``(ZMQ, message)`` when it came
+over an ipc socket in evald's private (0700) socket directory or from an
+allow-listed CURVE client, ``(ZMQ_UNTRUSTED, message)`` otherwise (plaintext TCP).
+An untrusted message is a doorbell only; it may not choose what evald serves.
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ import threading
 import time
 from typing import Callable
 
+from evald.contracts.auth import CURVE, SecurityConfig, secure_server
 from evald.contracts.wire import MAX_MESSAGE_BYTES, ProtocolError, TrainMetrics, decode, ensure_socket_dir
 
 log = logging.getLogger("evald.receiver")
 
 ZMQ, BAD_MESSAGE = "zmq", "bad_message"
+ZMQ_UNTRUSTED = "zmq_untrusted"  # a valid message from a peer that is neither local ipc nor an allowed key
 HARD_LIMIT_BYTES = 4 * MAX_MESSAGE_BYTES
 RECEIVE_HWM = 1000  # frames libzmq buffers for this socket; with HARD_LIMIT_BYTES, bounds its memory
 _BATCH = 256  # frames read per wake-up, so the monitor and stop flag are checked in between
@@ -58,14 +66,13 @@ class _Throttle:
 
 
 class Receiver:
-    """Reads notifications into ``out`` as ``(ZMQ, message)`` or ``(BAD_MESSAGE, reason)``."""
+    """Reads notifications into ``out`` as ``(ZMQ or ZMQ_UNTRUSTED, message)`` or ``(BAD_MESSAGE, reason)``."""
 
     def __init__(self, endpoint: str, out: "queue.Queue[tuple[str, object]]", *,
                  hard_limit_bytes: int = HARD_LIMIT_BYTES, receive_hwm: int = RECEIVE_HWM,
                  doorbell_reserve: int | None = None, log_interval_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, security: SecurityConfig | None = None) -> None:
         import zmq
-        from zmq.auth.thread import ThreadAuthenticator
 
         self.endpoint = endpoint
         self.hard_limit_bytes = hard_limit_bytes
@@ -83,15 +90,23 @@ class Receiver:
         self._closed = False
         self._thread: threading.Thread | None = None
         self._monitor = None
+        self._auth = None
+        self.authenticated = False
+        self.untrusted = 0  # valid messages from peers that are not trusted (plaintext TCP)
         ensure_socket_dir(endpoint)
+        self._local = endpoint.startswith("ipc://")  # ensure_socket_dir made sure only this user can connect
         self._context = zmq.Context()
-        self._auth = ThreadAuthenticator(self._context)
-        self._auth.start()
         self._socket = self._context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, hard_limit_bytes)  # larger: libzmq disconnects the peer
         self._socket.setsockopt(zmq.RCVHWM, receive_hwm)
-        self._socket.zap_domain = b"evald"
+        try:
+            self._auth = secure_server(self._socket, endpoint, security or SecurityConfig())
+        except Exception:
+            self.close()
+            raise
+        # With CURVE and an allow-list, a peer that gets in is authenticated (evald.trust).
+        self.authenticated = self._auth.mechanism == CURVE
         try:
             self._socket.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -112,7 +127,7 @@ class Receiver:
 
     def stats(self) -> dict[str, object]:
         """A snapshot of the counters, for logs and tests."""
-        return {"received": self.received, "rejected": self.rejected, "errors": self.errors,
+        return {"received": self.received, "untrusted": self.untrusted, "rejected": self.rejected, "errors": self.errors,
                 "rejected_by_reason": dict(self.rejected_by_reason),
                 "dropped_by_type": dict(self.dropped_by_type), "peer_events": dict(self.peer_events)}
 
@@ -155,16 +170,19 @@ class Receiver:
                 self._reject(ProtocolError(f"a message of {parts} frames; a notification is one frame",
                                            "multipart"))
                 continue
-            self._handle(frame.buffer)
+            self._handle(frame.buffer, self._local or self._auth.peer(frame).authenticated)
 
-    def _handle(self, frame: memoryview) -> None:
+    def _handle(self, frame: memoryview, trusted: bool = True) -> None:
         try:
             message = decode(frame)  # refuses oversize frames before copying them
         except ProtocolError as exc:
             self._reject(exc)
             return
         self.received += 1
-        self._offer(message.TYPE, (ZMQ, message), low_priority=isinstance(message, TrainMetrics))
+        if not trusted:
+            self.untrusted += 1
+        self._offer(message.TYPE, (ZMQ if trusted else ZMQ_UNTRUSTED, message),
+                    low_priority=isinstance(message, TrainMetrics))
 
     def _reject(self, exc: ProtocolError) -> None:
         self.rejected += 1
@@ -230,7 +248,8 @@ class Receiver:
         if self._monitor is not None:
             self._socket.disable_monitor()
             self._monitor.close(linger=0)
-        if hasattr(self, "_socket"):
+        if self._auth is not None:
+            self._auth.close()  # the socket first, then its ZAP handler
+        else:
             self._socket.close(linger=0)
-        self._auth.stop()
         self._context.term()

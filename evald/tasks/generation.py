@@ -7,8 +7,9 @@ new_tokens) buffer and reads the logits at the current position (a gather with
 a tensor index), so neither a new token nor a new checkpoint recompiles
 anything. No KV cache: for sample-quality probes of a few dozen tokens the
 simplicity is worth more than the speed. Two continuations per prompt: greedy,
-and seeded top-k/top-p sampling (same seed every evaluation, so differences
-between checkpoints come from the weights, not the dice).
+and seeded top-k/top-p sampling (same seed every evaluation, one generator per
+prompt, so differences between checkpoints come from the weights, not the dice,
+and a prompt's sample does not depend on which eval rank continued it).
 """
 
 from __future__ import annotations
@@ -43,47 +44,87 @@ class SampleGenerator:
         self.seed = seed
         self.samples_in_tensorboard = samples_in_tensorboard
         self.cell: NextTokenLogits | None = None
-        self.prompts: np.ndarray | None = None
+        self.prompts: np.ndarray | None = None      # this rank's buffer rows (padded to the common count)
+        self.all_prompts: np.ndarray | None = None  # every prompt, for the report
+        self.local_rows = np.zeros(0, int)          # which prompts this rank continues
+        self.vocab: int | None = None
 
-    def prepare(self, network: nn.Cell, dataset: Any, indices: np.ndarray) -> None:
+    def prepare(self, network: nn.Cell, dataset: Any, indices: np.ndarray, part: tuple[int, int] = (0, 1)) -> None:
+        """The prompts; with ``part`` (rank, size), this rank continues only its slice of them."""
         rows = [np.asarray(dataset[int(i)]).reshape(-1) for i in indices[: self.num_prompts]]
         too_short = [len(r) for r in rows if len(r) < self.prompt_len]
         if too_short:
             raise ValueError(f"generation prompts need {self.prompt_len} tokens but samples have {too_short}; "
                              f"lower --generation-prompt-len")
-        self.prompts = np.stack([r[: self.prompt_len] for r in rows]).astype(np.int32)
+        self.all_prompts = np.stack([r[: self.prompt_len] for r in rows]).astype(np.int32)
+        rank, size = part
+        chunk = -(-len(self.all_prompts) // size)   # every rank's buffer has this many rows: one compile
+        self.local_rows = np.arange(rank * chunk, min(len(self.all_prompts), (rank + 1) * chunk))
+        local = self.all_prompts[self.local_rows]
+        if 0 < len(local) < chunk:
+            local = np.concatenate([local, np.repeat(local[:1], chunk - len(local), axis=0)])
+        self.prompts = local
         self.cell = NextTokenLogits(network)
         self.cell.set_train(False)
 
+    def layout(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """The full-size arrays ``outputs`` fills (rows: all prompts), for an eval group's answer."""
+        count = len(self.all_prompts)
+        return {"greedy": ((count, self.new_tokens), np.dtype(np.int64)),
+                "sampled": ((count, self.new_tokens), np.dtype(np.int64)), "finite": ((count,), np.dtype(np.float64))}
+
     def run(self, should_abort: ShouldAbort = never) -> tuple[dict[str, float], dict[str, str]]:
+        return self.report(self.outputs(should_abort))
+
+    def outputs(self, should_abort: ShouldAbort = never) -> dict[str, np.ndarray]:
+        """For this rank's prompts: greedy and sampled continuations, and whether the logits stayed finite.
+
+        Each prompt samples with its own generator, seeded by (seed, prompt index), so a prompt's
+        continuation does not depend on which rank, or which row of the buffer, continues it.
+        """
         import mindspore as ms
 
         assert self.cell is not None and self.prompts is not None
-        metrics: dict[str, float] = {}
-        texts: dict[str, str] = {}
-        vocab = None
+        count = len(self.local_rows)
+        out = {"greedy": np.zeros((count, self.new_tokens), np.int64),
+               "sampled": np.zeros((count, self.new_tokens), np.int64), "finite": np.ones(count)}
+        if count == 0:
+            return out
         for mode in ("greedy", "sampled"):
-            rng = np.random.default_rng(self.seed)
-            count, prompt_len = self.prompts.shape
-            buffer = np.zeros((count, prompt_len + self.new_tokens), dtype=np.int32)
+            rngs = [np.random.default_rng([self.seed, int(i)]) for i in self.local_rows]
+            rows, prompt_len = self.prompts.shape
+            buffer = np.zeros((rows, prompt_len + self.new_tokens), dtype=np.int32)
             buffer[:, :prompt_len] = self.prompts
             for position in range(prompt_len, prompt_len + self.new_tokens):
                 if should_abort():
                     raise EvaluationInterrupted()
                 logits = self.cell(ms.Tensor(buffer), ms.Tensor(np.array([position - 1], np.int32)))
                 logits = logits.asnumpy().astype(np.float64)
-                vocab = logits.shape[-1]
+                self.vocab = logits.shape[-1]
                 if not np.isfinite(logits).all():
-                    # Non-finite weights: no continuation to judge. The loss already says why.
-                    return self._nonfinite_report(), {f"sample/{m}": "(non-finite logits: no sample)"
-                                                      for m in ("greedy", "sampled")}
-                buffer[:, position] = (logits.argmax(-1) if mode == "greedy"
-                                       else [self._sample(row, rng) for row in logits])
-            continuations = buffer[:, prompt_len:]
-            report = sample_quality_report(list(self.prompts), list(continuations), vocab)
+                    out["finite"][:] = 0.0  # non-finite weights: no continuation to judge
+                    return out
+                chosen = logits.argmax(-1)
+                if mode == "sampled":
+                    chosen[:count] = [self._sample(row, rng) for row, rng in zip(logits[:count], rngs)]
+                buffer[:, position] = chosen
+            out[mode] = buffer[:count, prompt_len:].astype(np.int64)
+        return out
+
+    def report(self, outputs: dict[str, np.ndarray]) -> tuple[dict[str, float], dict[str, str]]:
+        """Sample-quality metrics and texts over all prompts' continuations."""
+        if not outputs["finite"].all():
+            # Non-finite weights: no continuation to judge. The loss already says why.
+            return self._nonfinite_report(), {f"sample/{m}": "(non-finite logits: no sample)"
+                                              for m in ("greedy", "sampled")}
+        metrics: dict[str, float] = {}
+        texts: dict[str, str] = {}
+        for mode in ("greedy", "sampled"):
+            continuations = outputs[mode]
+            report = sample_quality_report(list(self.all_prompts), list(continuations), self.vocab)
             metrics.update({f"sample/{mode}/{k}": v for k, v in report.items()})
-            shown = [self._render(p, c, vocab) for p, c in
-                     zip(self.prompts[: self.samples_in_tensorboard], continuations)]
+            shown = [self._render(p, c, self.vocab) for p, c in
+                     zip(self.all_prompts[: self.samples_in_tensorboard], continuations)]
             texts[f"sample/{mode}"] = "\n\n".join(shown)
         return metrics, texts
 

@@ -52,11 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     from trainer_hooks import EvaldCallback, EvaldHook, TrainStepWithGradNorm
 
     ms.set_context(mode=ms.GRAPH_MODE)
+    rank, world = 0, 1
+    if os.environ.get("MS_ROLE"):  # started by msrun: join its group (msrun's scheduler ends inside init)
+        from mindspore.communication import get_group_size, get_rank, init
+
+        init()
+        rank, world = get_rank(), get_group_size()
+        if world > 1:  # data parallel: the same initial weights (seed), each rank its shard of the data
+            ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
     net = model_mod.build_model(seq_len=args.seq_len, seed=args.seed)
     loss_net = model_mod.LMLoss(net)
     optimizer = nn.AdamWeightDecay(net.trainable_params(), learning_rate=args.lr, weight_decay=0.01)
     train_step = TrainStepWithGradNorm(loss_net, optimizer, clip_norm=1.0)
-    windows = data.training_windows(args.steps * args.batch_size, args.seq_len, seed=args.seed)
+    windows = data.training_windows(args.steps * args.batch_size * world, args.seq_len, seed=args.seed)[rank::world]
     hook_kwargs = dict(
         network=net, total_steps=args.steps, run_id=args.run_id, task="lm",
         model_factory={"target": "examples.tiny_lm.model:build_model", "kwargs": {"seq_len": args.seq_len}},
