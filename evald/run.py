@@ -99,7 +99,7 @@ class Run:
     def handle(self, source: str, item: Any) -> bool:
         """One event; True when it was news (a message for this run, or an entry not seen before)."""
         if source in (ZMQ, ZMQ_UNTRUSTED):  # an untrusted message is a doorbell too, never more
-            return self._message(item, trusted=source == ZMQ)
+            return self._message(item, trust.of_message(self.receiver, peer_trusted=source == ZMQ))
         if source in (WATCHDOG, RESCAN):
             return self._path(Path(item), source)
         if source == BAD_MESSAGE:
@@ -115,7 +115,7 @@ class Run:
             return self._read_run_end()
         return self.intake.found(path.name, found_via)
 
-    def _message(self, message: Message, trusted: bool = True) -> bool:
+    def _message(self, message: Message, origin: trust.Source) -> bool:
         ckpt_dir = getattr(message, "ckpt_dir", None)
         if ckpt_dir is not None and Path(ckpt_dir).resolve() != self.ckpt_dir:
             return self._ignore(message, f"it is for {ckpt_dir}, and this evald serves {self.ckpt_dir}")
@@ -126,7 +126,7 @@ class Run:
                 return self._ignore(message, f"run {message.run_id!r} is not the run in "
                                              f"{self.ckpt_dir / layout.RUN_FILE} ({self.run_id!r})")
         if isinstance(message, RunAnnounced):
-            if trusted and may_name_factories(message, self.channel) and message != self._channel_announcement:
+            if may_name_factories(message, origin) and message != self._channel_announcement:
                 self._channel_announcement = message
                 self._read_announcement()
         elif isinstance(message, CheckpointCommitted):

@@ -171,11 +171,11 @@ class Server:
             return
         for handled in range(1, EVENTS_PER_TURN + 1):
             source, payload = item
-            if self.run is None and source == ZMQ and getattr(payload, "ckpt_dir", None):
-                if trust.may_attach(trust.of_receiver(self.receiver), payload.ckpt_dir, payload.TYPE):
-                    self.attach(Path(payload.ckpt_dir))  # the first trusted notification names the directory
-            elif self.run is None and source == ZMQ_UNTRUSTED and getattr(payload, "ckpt_dir", None):
-                trust.may_attach(trust.UNAUTHENTICATED_PEER, payload.ckpt_dir, payload.TYPE)  # says why not
+            if self.run is None and source in (ZMQ, ZMQ_UNTRUSTED) and getattr(payload, "ckpt_dir", None):
+                # The first trusted notification names the directory; an untrusted one is refused, with why.
+                origin = trust.of_message(self.receiver, peer_trusted=source == ZMQ)
+                if trust.may_attach(origin, payload.ckpt_dir, payload.TYPE):
+                    self.attach(Path(payload.ckpt_dir))
             if self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
             if handled == EVENTS_PER_TURN:

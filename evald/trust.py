@@ -43,9 +43,6 @@ class Source:
         return f"{self.name} ({self.why})"
 
 
-UNAUTHENTICATED_PEER = Source("a plaintext TCP peer", False, "not authenticated: anyone who can reach the endpoint")
-
-
 def channel(endpoint: str, *, authenticated: bool = False) -> Source:
     """The notification channel bound at ``endpoint``; ``authenticated``: CURVE with an allow-list."""
     name = f"notification endpoint {endpoint}"
@@ -67,6 +64,14 @@ def of_receiver(receiver: Any) -> Source:
     if receiver is None:
         return Source("no notification endpoint", False, "no channel")
     return channel(receiver.endpoint, authenticated=bool(getattr(receiver, "authenticated", False)))  # CURVE
+
+
+def of_message(receiver: Any, peer_trusted: bool) -> Source:
+    """The trust of one message: its channel's, never more than its peer's (the receiver tags each one)."""
+    origin = of_receiver(receiver)
+    if peer_trusted or not origin.trusted:
+        return origin
+    return Source(origin.name, False, "a peer this channel did not authenticate")
 
 
 def private_directory(directory: Path) -> str | None:

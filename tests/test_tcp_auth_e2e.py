@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -271,6 +272,9 @@ def test_only_a_trusted_first_message_chooses_the_directory(tmp_path, caplog):
     server = Server(parse_config([], environ={}))
     attached: list[Path] = []
     server.attach = attached.append  # record the choice instead of opening a ledger there
+    # the channel as a Receiver reports it: a local socket in a directory private to this uid
+    (tmp_path / "sock").mkdir(mode=0o700)
+    server.receiver = SimpleNamespace(endpoint=f"ipc://{tmp_path}/sock/notify.sock", authenticated=False)
 
     def message(name: str) -> wire.CheckpointCommitted:
         return wire.CheckpointCommitted(run_id="r", ckpt_dir=str(tmp_path / name), step=1, path="step_1",
@@ -278,7 +282,7 @@ def test_only_a_trusted_first_message_chooses_the_directory(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         server.events.put((ZMQ_UNTRUSTED, message("forged")))
         server._drain_events(timeout=1)
-    assert attached == [] and "only a trusted one" in caplog.text
+    assert attached == [] and "an untrusted message never chooses the directory" in caplog.text
     server.events.put((ZMQ, message("real")))
     server._drain_events(timeout=1)
     assert attached == [tmp_path / "real"]

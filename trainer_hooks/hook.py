@@ -100,6 +100,10 @@ class EvaldHook:
         keep_last: delete all but the newest ``keep_last`` snapshots.
         final_snapshot_timeout_s: how long ``train_end`` waits for the final snapshot.
         lr_advice_handler: called with evald's learning-rate advice (see ``ScaleLearningRate``).
+        client_key: this trainer's CURVE key file (``evald keys``) for a ``tcp://`` endpoint; default
+            ``$EVALD_CLIENT_KEY``.
+        server_public_key: evald's CURVE public key file; default ``$EVALD_SERVER_PUBLIC_KEY``.
+        allow_plaintext: send over ``tcp://`` without CURVE (anyone on the path can read and forge).
 
     Returns:
         ``step_end`` returns True when every rank has agreed to stop at this step: leave the loop.
@@ -139,9 +143,9 @@ class EvaldHook:
         keep_last: int | None = None,
         final_snapshot_timeout_s: float = 120.0,
         lr_advice_handler: Callable[[Mapping[str, Any]], None] | None = None,
-        client_key: str | os.PathLike | None = None,          # CURVE (docs/authentication.md); default
-        server_public_key: str | os.PathLike | None = None,   # $EVALD_CLIENT_KEY, $EVALD_SERVER_PUBLIC_KEY,
-        allow_plaintext: bool | None = None,                  # $EVALD_ALLOW_PLAINTEXT
+        client_key: str | os.PathLike | None = None,          # CURVE (docs/authentication.md)
+        server_public_key: str | os.PathLike | None = None,
+        allow_plaintext: bool | None = None,
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.network = network
