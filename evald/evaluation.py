@@ -19,6 +19,7 @@ from evald.lag_policy import decide
 from evald.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
 from evald.pipeline import Evaluated, Failed, Pipeline, Retry
 from evald.requeue import RETRY
+from evald.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 from evald.tasks import EvaluationInterrupted
 
 log = logging.getLogger("evald")
@@ -82,7 +83,7 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
         counters.evaluated += 1
         return row, _commit_evaluation(ledger, decisions, ctx, counters, row, result, depth)
     if isinstance(result, Failed):
-        _commit_failure(ledger, row, result.state, result.reason)
+        _commit_failure(ledger, ctx, row, result.state, result.reason)
         return row, None
     return row, _unexpected(ledger, ctx, counters, row, result)
 
@@ -134,9 +135,11 @@ def _current_step(ctx: Context, step: int) -> int:
     return min(max(ctx.newest_train_step, on_disk), on_disk + reach)
 
 
-def _commit_failure(ledger: Ledger, row: Step, state: str, reason: str) -> None:
-    ledger.finish(row.step, state, reason=reason,
-                  record=Record("eval", row.step, time.time(), {}, {f"evald/{state}": f"{row.source}: {reason}"}))
+def _commit_failure(ledger: Ledger, ctx: Context, row: Step, state: str, reason: str) -> None:
+    now, newest = time.time(), max(ctx.newest_checkpoint_step, ctx.newest_train_step, row.step)
+    ledger.finish(row.step, state, reason=reason, record=Record(
+        "eval", row.step, now, lag_scalars(row.step, newest, row.commit_time, now),
+        {SKIP_TAG: skip_text_for(state, row.source, reason)}))
     log.error("step %d (%s) not evaluated (%s): %s", row.step, row.source, state, reason,
               extra={"step": row.step, "key": row.source, "state": state, "reason": reason})
 
@@ -145,7 +148,7 @@ def _unexpected(ledger: Ledger, ctx: Context, counters: Counters, row: Step, ret
     counters.unexpected_in_a_row += 1
     if row.attempts >= ctx.max_attempts and counters.evaluated > 0:
         # Other checkpoints evaluate fine: this one is the problem.
-        _commit_failure(ledger, row, FAILED, f"{retry.reason} on each of {row.attempts} attempts")
+        _commit_failure(ledger, ctx, row, FAILED, f"{retry.reason} on each of {row.attempts} attempts")
         return None
     ledger.requeue(row.step, f"attempt {row.attempts} raised unexpectedly: {retry.reason}")
     log.error("step %d: attempt %d raised unexpectedly (%s); it stays queued and will be tried again. "

@@ -13,11 +13,11 @@ import logging
 import time
 from pathlib import Path
 
-from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Rejected, recognise
+from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Rejected, recognise, step_from_name
 from evald.config import EvaldConfig
 from evald.contracts import layout
 from evald.lag_policy import admit
-from evald.ledger import DUPLICATE, QUEUED, REJECTED, Ledger
+from evald.ledger import DELETED, DUPLICATE, QUEUED, REJECTED, Ledger
 
 log = logging.getLogger("evald.intake")
 
@@ -63,7 +63,19 @@ class Intake:
         for name, due in list(self._settling.items()):
             if now >= due:
                 del self._settling[name]
+                if not (self.ckpt_dir / name).exists():
+                    self._gone_while_settling(name)
+                    continue
                 self.found(name, "rescan", now=now)
+
+    def _gone_while_settling(self, name: str) -> None:
+        """A foreign file evald saw was deleted before it settled (ModelCheckpoint's keep_checkpoint_max,
+        MindFormers' save_total_limit): its step, when its name tells it, is accounted for as deleted."""
+        step = step_from_name(name, self.config.foreign_steps_per_epoch)
+        reason = f"{name}: deleted before it could be evaluated (it disappeared while evald waited for it to settle)"
+        self._judged.add(name)
+        self.ledger.note_file(name, step, REJECTED, reason, fail_step=step is not None, fail_state=DELETED)
+        log.warning("%s", reason, extra={"key": name, "step": step, "state": DELETED, "reason": reason})
 
     @property
     def settling(self) -> bool:

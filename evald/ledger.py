@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from evald.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
+
 QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
     "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
 FINAL_STATES = (EVALUATED, SKIPPED, FAILED, DELETED)
@@ -124,7 +126,7 @@ class Ledger:
                        (step, SKIPPED if skip_reason else QUEUED, name, kind, run_id, commit_time, found_via,
                         skip_reason, now, now if skip_reason else None))
             if skip_reason:
-                self._outbox(db, Record("eval", step, commit_time or now, {}, {"evald/skipped": skip_reason}))
+                self._outbox(db, _skip_record(db, step, skip_reason, now, commit_time or now))
 
     def replace_source(self, step: int, *, name: str, kind: str, run_id: str | None,
                        commit_time: float | None, old_reason: str) -> None:
@@ -138,8 +140,8 @@ class Ledger:
                        (name, kind, run_id, commit_time, step))
 
     def note_file(self, name: str, step: int | None, status: str, reason: str,
-                  fail_step: bool = False) -> None:
-        """A file that is a duplicate or rejected; with ``fail_step``, its step (if new) fails with it."""
+                  fail_step: bool = False, fail_state: str = FAILED) -> None:
+        """A file that is a duplicate or rejected; with ``fail_step``, its step (if new) ends ``fail_state``."""
         now = time.time()
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
@@ -147,9 +149,9 @@ class Ledger:
             if fail_step and step is not None and not db.execute(
                     "SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
                 db.execute("INSERT INTO steps(step, state, source, kind, found_via, reason, admitted_at,"
-                           " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, FAILED, name, "unknown", "scan",
+                           " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, fail_state, name, "unknown", "scan",
                                                                        reason, now, now))
-                self._outbox(db, Record("eval", step, now, {}, {"evald/failed": f"{name}: {reason}"}))
+                self._outbox(db, _skip_record(db, step, skip_text_for(fail_state, name, reason), now))
 
     def start(self, step: int, skips: Sequence[tuple[int, str]] = ()) -> None:
         """``step`` is being evaluated (one more attempt); ``skips`` are passed over by the lag policy."""
@@ -204,7 +206,7 @@ class Ledger:
                               f"evaluating it); giving up: raise tuning.max_attempts or `evald retry {row.step}`")
                     db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?",
                                (FAILED, reason, now, row.step))
-                    self._outbox(db, Record("eval", row.step, now, {}, {"evald/failed": reason}))
+                    self._outbox(db, _skip_record(db, row.step, skip_text_for(FAILED, row.source, reason), now))
                 else:
                     db.execute("UPDATE steps SET state=?, reason=? WHERE step=?",
                                (QUEUED, "re-queued: evald was interrupted while evaluating it", row.step))
@@ -272,7 +274,15 @@ class Ledger:
     def _skip(self, db: sqlite3.Connection, skips: Sequence[tuple[int, str]], now: float) -> None:
         for step, reason in skips:
             db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?", (SKIPPED, reason, now, step))
-            self._outbox(db, Record("eval", step, now, {}, {"evald/skipped": reason}))
+            self._outbox(db, _skip_record(db, step, reason, now))
+
+
+def _skip_record(db: sqlite3.Connection, step: int, text: str, now: float, wall_time: float | None = None) -> Record:
+    """The ``evald/skipped`` record of a step not evaluated, with its lag at this moment (evald.skips)."""
+    newest = db.execute("SELECT MAX(step) FROM steps").fetchone()[0]
+    row = db.execute("SELECT commit_time FROM steps WHERE step=?", (step,)).fetchone()
+    scalars = lag_scalars(step, newest, row[0] if row else None, now)
+    return Record("eval", step, wall_time or now, scalars, {SKIP_TAG: text})
 
 
 def _put(db: sqlite3.Connection, kv: Mapping[str, Any] | None) -> None:
