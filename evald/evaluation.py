@@ -121,6 +121,9 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                     "lag_steps": int(scalars["evald/lag_steps"]), "queue_depth": queue_depth})
     if outcome.stop_at_step is not None:
         log.warning("early stop: %s -> training stops at step %d", outcome.reason, outcome.stop_at_step)
+    if outcome.advisory_stop_at is not None:
+        log.warning("advisory early stop (not enforced, training continues): %s -> training would stop at step %d",
+                    outcome.reason, outcome.advisory_stop_at)
     if outcome.advice:
         log.warning("learning-rate advice at step %d: %s", row.step, outcome.advice["reason"])
     return outcome

@@ -249,7 +249,8 @@ class Run:
         summary = {"run_id": self.run_id, "final_step": self.run_end.final_step,
                    "training_end_reason": self.run_end.reason, "monitor": self.config.monitor,
                    "best_step": self.decisions.best_step, "best_value": self.decisions.best_value,
-                   "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts()}
+                   "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts(),
+                   "advisory_stop": self.decisions.advisory_stop}
         self.decisions.finish(summary)
         layout.atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=1))
         self.ledger.add_records([Record("summary", self.run_end.final_step, time.time(), {},

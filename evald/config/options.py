@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from evald.config.schema import DeviceSpec, opt
+from evald.config.schema import DeviceSpec, MinDelta, opt
 from evald.health_thresholds import HealthThresholds
 
 
@@ -105,7 +105,9 @@ class EvaldConfig:
                     choices=("min", "max"))
     patience: int | None = opt(None, "evaluations without improvement before stopping; default: never stop",
                                kind="int", min=1)
-    min_delta: float = opt(0.0, "smallest change of MONITOR that counts as an improvement", kind="float", min=0.0)
+    min_delta: MinDelta = opt(None, "smallest change of MONITOR that counts as an improvement: a number (0.01) or "
+                              "standard errors of MONITOR on the fixed subset (2se)", kind="delta", min=0.0,
+                              factory=MinDelta)
     stopping_threshold: float | None = opt(None, "stop as soon as MONITOR is this good", kind="float")
     divergence_threshold: float | None = opt(None, "stop as soon as MONITOR is this bad", kind="float")
     check_finite: bool = opt(True, "stop when MONITOR is nan or inf", kind="bool")
@@ -115,6 +117,8 @@ class EvaldConfig:
     health: HealthThresholds = opt(None, "training-health alert thresholds and learning-rate advice ([health] "
                                    "table); see docs/metrics.md", kind="table", table=HealthThresholds,
                                    factory=HealthThresholds)
+    advisory_stop: bool = opt(False, "decide early stops but never stop training: the decision is logged, written "
+                              "to TensorBoard and published as advice (docs/early-stopping.md)", kind="bool")
     # --- logging
     log_level: str = opt("INFO", "DEBUG, INFO, WARNING or ERROR", kind="choice",
                          choices=("DEBUG", "INFO", "WARNING", "ERROR"))
