@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evald import provenance
 from evald.decisions import Decisions, Outcome
 from evald.lag_policy import decide
 from evald.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
+from evald.metrics.uncertainty import SE_SUFFIX, se_tag
 from evald.pipeline import Evaluated, Failed, Pipeline, Retry
 from evald.requeue import RETRY
 from evald.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
@@ -50,6 +52,7 @@ class Context:
     every_n_steps: int | None
     max_attempts: int
     subset_text: str
+    run_id: str | None = None       # the run's, for a checkpoint that does not name its own (a foreign file)
 
 
 def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx: Context,
@@ -106,12 +109,24 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
         "evald/skipped_total": float(counts.get(SKIPPED, 0)),
         "evald/failed_total": float(counts.get(FAILED, 0) + counts.get(DELETED, 0)),
         "evald/bad_messages_total": float(counters.bad_messages),
+        "evald/verify_s": result.verify_s,
     })
     texts = {**result.texts, **outcome.texts(), "evald/subset": ctx.subset_text}
+    kv, found = {"decisions": decisions.state_dict()}, None
+    if result.provenance:
+        found = provenance.complete(result.provenance, run_id=row.run_id or ctx.run_id, step=row.step,
+                                    source=row.source)
+        texts[provenance.TAG] = provenance.text(found)
+        change = provenance.change(ledger.get_state(provenance.STATE_KEY), found)
+        if change:
+            texts[provenance.CHANGE_TAG] = change
+            log.warning("step %d is %s", row.step, change)
+        kv[provenance.STATE_KEY] = provenance.state(found)
     record = Record("eval", row.step, row.commit_time or now, scalars, texts)
-    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record,
-                  kv={"decisions": decisions.state_dict()})
-    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}" for k, v in result.metrics.items() if k.startswith("eval/"))
+    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found)
+    metrics = result.metrics
+    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}" + (f"±{metrics[se_tag(k)]:.2g}" if se_tag(k) in metrics else "")
+                     for k, v in metrics.items() if k.startswith("eval/") and not k.endswith(SE_SUFFIX))
     log.info("step %d: %s | load %.3fs evaluate %.3fs, %.1fs after commit | lag %d steps, queue %d, "
              "skipped %d, failed %d | %s", row.step, shown, result.load_s, result.evaluate_s,
              scalars["evald/lag_s"], scalars["evald/lag_steps"], queue_depth, scalars["evald/skipped_total"],

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from evald.checkpoints import CheckpointError
+from evald.contracts import layout
 from evald.contracts.wire import FactorySpec
 from evald.factories import call_factory
 from evald.hot_swap import NetworkWeights
+from evald.swap_check import check as check_swap, weights_digest
 from evald.subset import SubsetInfo, fixed_batches, select_subset
 from evald.tasks import DataShapeError, ShouldAbort, make_task, never
 from evald.weights import load_into
@@ -31,11 +33,14 @@ class EvalResult:
     texts: dict[str, str]
     load_s: float
     evaluate_s: float
+    verify_s: float = 0.0                                            # proving the swap (evald.swap_check)
+    provenance: Mapping[str, Any] = field(default_factory=dict)      # which weights, subset and config
 
 
 class Evaluator:
     def __init__(self, *, task: str, model: FactorySpec, data: FactorySpec, subset_size: int,
-                 subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None) -> None:
+                 subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None,
+                 verify_swap: str = "sampled", config_identity: Mapping[str, Any] | None = None) -> None:
         import mindspore as ms
 
         self._ms = ms
@@ -63,6 +68,7 @@ class Evaluator:
         self.cell = self.task.build_cell(self.network)
         self.cell.set_train(False)
         self.weights = NetworkWeights(self.network)
+        self.verify_swap, self.config_identity = verify_swap, dict(config_identity or {})
         self.generation = generation
         if generation is not None:
             generation.prepare(self.network, dataset, indices)
@@ -76,14 +82,31 @@ class Evaluator:
     def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> EvalResult:
         """Swap in the checkpoint at ``path`` and evaluate it; CheckpointError if it is bad."""
         started = time.time()
-        load_into(self.weights, path, kind)
+        source = load_into(self.weights, path, kind)
         if not self.weights.valid:  # never evaluate a network that holds two checkpoints' weights
             raise CheckpointError(f"{path.name}: the swap did not complete")
         loaded = time.time()
+        provenance = self._check_swap(path, source)
+        verified = time.time()
         metrics = self.task.evaluate(self.cell, self.batches, should_abort)
         texts: dict[str, str] = {}
         if self.generation is not None:
             gen_metrics, gen_texts = self.generation.run(should_abort)
             metrics.update(gen_metrics)
             texts.update(gen_texts)
-        return EvalResult(metrics, texts, loaded - started, time.time() - loaded)
+        return EvalResult(metrics, texts, loaded - started, time.time() - verified, verified - loaded, provenance)
+
+    def _check_swap(self, path: Path, source: Any) -> dict[str, Any]:
+        """Prove the swap (SwapMismatch, an evald error, if the network does not hold the checkpoint's
+        weights) and say what was evaluated: the weights' digest, the subset and the config."""
+        manifest = source if isinstance(source, layout.Manifest) else None
+        loaded = None if manifest is not None else source
+        try:
+            done = check_swap(dict(self.network.parameters_and_names()), mode=self.verify_swap,
+                              step=manifest.step if manifest else 0, step_dir=path, manifest=manifest, loaded=loaded)
+        except Exception:
+            self.weights.valid = False  # evaluate nothing until a later swap succeeds
+            raise
+        digest, digest_of = weights_digest(manifest, loaded)
+        return {"weights_sha256": digest, "weights_digest_of": digest_of, "subset_sha256": self.subset.sha256,
+                "config": self.config_identity, "swap_check": done.describe()}

@@ -1,6 +1,6 @@
 """The ledger: evald's durable memory of a checkpoint directory (sqlite, in the log directory).
 
-Three tables:
+Four tables:
 
 * ``steps``: one row per training step, the unit of evaluation. A step is read from
   one file (``source``) however many files carry it. States::
@@ -14,6 +14,7 @@ Three tables:
 * ``records``: the outbox of TensorBoard records. A record is inserted in the same
   transaction as the state change it reports and marked ``written`` once it is on
   disk, so a crash can neither lose a point nor write one twice.
+* ``provenance``: per evaluated step, which weights, subset and config (evald.provenance).
 
 Every public method that changes anything is ONE transaction: after a crash the
 ledger is at one side of each change, never in between. ``kv`` holds small JSON
@@ -52,6 +53,7 @@ CREATE TABLE IF NOT EXISTS records (
     wall_time REAL NOT NULL, payload TEXT NOT NULL, written INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS records_pending ON records(written, id);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS provenance (step INTEGER PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -96,7 +98,6 @@ class Ledger:
                     db.execute(statement)
             if version == 0:
                 from evald.ledger_v1 import migrate_v1
-
                 migrate_v1(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -167,14 +168,16 @@ class Ledger:
 
     def finish(self, step: int, state: str, *, reason: str | None = None,
                metrics: Mapping[str, float] | None = None, record: Record | None = None,
-               kv: Mapping[str, Any] | None = None) -> None:
-        """The outcome of an evaluation, its TensorBoard record and the decisions it led to, at once."""
+               kv: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> None:
+        """The outcome of an evaluation, its record, the decisions it led to and its provenance, at once."""
         assert state in (EVALUATED, FAILED, DELETED), state
         with self._transaction() as db:
             db.execute("UPDATE steps SET state=?, reason=?, finished_at=?, metrics=? WHERE step=?",
                        (state, reason, time.time(), json.dumps(dict(metrics)) if metrics else None, step))
             if record is not None:
                 self._outbox(db, record)
+            if provenance is not None:  # evald.provenance: which weights, subset and config
+                db.execute("INSERT OR REPLACE INTO provenance VALUES (?, ?)", (step, json.dumps(provenance)))
             _put(db, kv)
 
     def requeue(self, step: int, reason: str) -> None:
@@ -253,11 +256,12 @@ class Ledger:
     def pending_records(self) -> list[Record]:
         rows = self._db.execute("SELECT id, stream, step, wall_time, payload FROM records WHERE written=0 "
                                 "ORDER BY id").fetchall()
-        out = []
-        for rid, stream, step, wall_time, payload in rows:
-            data = json.loads(payload)
-            out.append(Record(stream, step, wall_time, data.get("scalars", {}), data.get("texts", {}), rid))
-        return out
+        return [Record(stream, step, wall_time, (data := json.loads(payload)).get("scalars", {}), data.get("texts", {}),
+                       rid) for rid, stream, step, wall_time, payload in rows]
+
+    def provenance(self, step: int) -> dict[str, Any] | None:
+        rows = self._db.execute("SELECT value FROM provenance WHERE step=?", (step,))
+        return next((json.loads(value) for (value,) in rows), None)
 
     def get_state(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
@@ -278,11 +282,9 @@ class Ledger:
 
 
 def _skip_record(db: sqlite3.Connection, step: int, text: str, now: float, wall_time: float | None = None) -> Record:
-    """The ``evald/skipped`` record of a step not evaluated, with its lag at this moment (evald.skips)."""
     newest = db.execute("SELECT MAX(step) FROM steps").fetchone()[0]
-    row = db.execute("SELECT commit_time FROM steps WHERE step=?", (step,)).fetchone()
-    scalars = lag_scalars(step, newest, row[0] if row else None, now)
-    return Record("eval", step, wall_time or now, scalars, {SKIP_TAG: text})
+    (commit,) = db.execute("SELECT commit_time FROM steps WHERE step=?", (step,)).fetchone() or (None,)
+    return Record("eval", step, wall_time or now, lag_scalars(step, newest, commit, now), {SKIP_TAG: text})
 
 
 def _put(db: sqlite3.Connection, kv: Mapping[str, Any] | None) -> None:

@@ -214,7 +214,7 @@ class Run:
             ckpt_dir=self.ckpt_dir, lag_policy=self.config.lag_policy, final_step=self.intake.final_step,
             newest_checkpoint_step=self.intake.newest_step, newest_train_step=max(self.train.last_step, 0),
             every_n_steps=self.announcement.every_n_steps if self.announcement else None,
-            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe())
+            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
         if done is not None and done[1] is not None:

@@ -38,6 +38,12 @@ class TuningOptions:
                                   "is read", kind="float", min=0.0, max=3600)
     max_attempts: int = opt(3, "evaluations of one checkpoint that may be interrupted (crash, kill, "
                             "unexpected error) before it is marked failed", kind="int", min=1, max=1000000)
+    verify_swap: str = opt("sampled", "after each hot swap, check that the network holds the checkpoint's weights: "
+                           "sampled (a few elements per parameter against the files), full (re-hash the live "
+                           "memory against the manifest) or off", kind="choice", choices=("off", "sampled", "full"))
+    lease_s: float = opt(60.0, "how long the trainer may rely on evald's retention leases after it last heard "
+                         "them (raised to 3x the longest checkpoint load seen)", kind="float", min=2.0,
+                         max=7 * 86400.0)
 
 
 @dataclass(frozen=True)
