@@ -95,6 +95,7 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                        evaluated: Evaluated, queue_depth: int) -> Outcome:
     result = evaluated.result
     now = time.time()
+    counters.extra["longest_load_s"] = max(counters.extra.get("longest_load_s", 0.0), result.load_s)
     newest = max(ctx.newest_checkpoint_step, ctx.newest_train_step, row.step)
     outcome = decisions.observe_eval(row.step, result.metrics, newest_step=_current_step(ctx, row.step),
                                      every_n_steps=ctx.every_n_steps)
@@ -125,7 +126,8 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
     record = Record("eval", row.step, row.commit_time or now, scalars, texts)
     ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found)
     metrics = result.metrics
-    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}" + (f"±{metrics[se_tag(k)]:.2g}" if se_tag(k) in metrics else "")
+    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}"
+                     + (f"±{metrics[se_tag(k)]:.2g}" if se_tag(k) in metrics else "")
                      for k, v in metrics.items() if k.startswith("eval/") and not k.endswith(SE_SUFFIX))
     log.info("step %d: %s | load %.3fs evaluate %.3fs, %.1fs after commit | lag %d steps, queue %d, "
              "skipped %d, failed %d | %s", row.step, shown, result.load_s, result.evaluate_s,

@@ -29,6 +29,7 @@ from evald.contracts import layout
 from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
 from evald.decisions import Decisions
 from evald.intake import Intake
+from evald.leases import Leases
 from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
 from evald.pipeline import Pipeline
 from evald.requeue import RetryWatch, requeue_if_config_changed
@@ -63,6 +64,7 @@ class Run:
         requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
         self.retries = RetryWatch(self.ledger)
         self.train = TrainStream(self.ledger, self.decisions)
+        self.leases = Leases(ckpt_dir, self.ledger, self.config.tuning.lease_s)
         self.pipeline = pipeline
         self.announcement: RunAnnounced | None = None
         self.run_end: RunFinished | None = None
@@ -176,6 +178,8 @@ class Run:
     def tick(self) -> None:
         now = time.monotonic()
         if self.control is not None:
+            if self.leases.due():
+                self._publish()  # fresh leases: what evald still needs, what the trainer may delete
             self.control.tick()
         if now - self._last_rescan >= self.config.tuning.rescan_interval_s:
             self._last_rescan = now
@@ -264,7 +268,10 @@ class Run:
     # ------------------------------------------------------------ sinks
 
     def _publish(self) -> None:
-        state = self.decisions.control_state()
+        self.leases.longest_load_s = self.counters.extra.get("longest_load_s", 0.0)
+        state = self.leases.control_state(
+            self.decisions.control_state(), run_id=self.run_id, seq=self.decisions.seq,
+            lag_policy=self.config.lag_policy, final_step=self.intake.final_step, best_step=self.decisions.best_step)
         if self.control is not None and state is not None:
             self.control.update(state)
 
