@@ -318,7 +318,8 @@ class EvaldHook:
         try:
             network = network or self.network
             if self.writer is not None:
-                if network is not None and self.last_snapshot_step != final_step:
+                self.writer.wait_idle(self.final_snapshot_timeout_s)  # was the last one written, or skipped?
+                if network is not None and self.writer.last_committed != final_step:
                     weights = host_copy_of_weights(network, optimizer or self.optimizer)
                     job = SnapshotJob(step=final_step, weights=weights, epoch=epoch, final=True)
                     if self.writer.submit_final(job, self.final_snapshot_timeout_s):

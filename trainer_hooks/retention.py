@@ -118,6 +118,7 @@ class Retention:
         self.deleted = 0
         self.skipped = 0
         self.last_skip_reason = ""
+        self._held: list[int] = []
 
     def listen(self) -> None:
         """Connect now (on the writer thread), so that evald's state is there by the first snapshot."""
@@ -169,10 +170,12 @@ class Retention:
                 f"snapshot at step {step} skipped: the disk budget ({self._budget()}) is full of snapshots evald "
                 f"still needs (steps {', '.join(map(str, chosen.held))}); they are deleted once evald is done "
                 f"with them ({self.skipped} skipped so far)")
-            log.warning("%s", self.last_skip_reason)
+            # once per set of held snapshots, not once per step while evald works through them
+            log.log(logging.WARNING if chosen.held != self._held else logging.DEBUG, "%s", self.last_skip_reason)
         elif chosen.over_budget:
             log.warning("final snapshot at step %d written beyond the disk budget (%s): evald still needs steps %s "
                         "and evaluates the final checkpoint of every run", step, self._budget(), chosen.held)
+        self._held = chosen.held
         return chosen.write
 
     def _say_mode(self, state: ControlState | None) -> None:

@@ -69,6 +69,7 @@ class SnapshotWriter:
         # keep_last alone (no evald channel): the budget decides, oldest first
         self.retention = retention or (Retention(self.ckpt_dir, keep_last=keep_last) if keep_last else None)
         self.written = 0
+        self.last_committed: int | None = None  # the step of the last snapshot actually committed
         self.skipped_busy = 0
         self.failed = 0
         self.last_error: str | None = None
@@ -159,6 +160,10 @@ class SnapshotWriter:
             self._cond.notify()
             return self._cond.wait_for(lambda: not self.busy, timeout_s)
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self.busy, timeout_s)
+
     def close(self, timeout_s: float = 60.0) -> None:
         with self._cond:
             self._cond.wait_for(lambda: not self.busy, timeout_s)
@@ -236,6 +241,7 @@ class SnapshotWriter:
             threads=self._threads,
         )
         self.written += 1
+        self.last_committed = job.step
         manifest = layout.read_manifest(final)
         log.info("committed snapshot %s", final.name)
         self._on_committed(job.step, final, manifest.commit_time)
