@@ -112,6 +112,7 @@ class Retention:
         self._listener: _Listener | None = None
         self._drained_at: float | None = None   # when the socket was last emptied
         self._alive_at: float | None = None     # evald was alive at or after this time
+        self._silent = False                    # a wait for a fresh state came back empty
         self._fallback: bool | None = None
         self._sizes: dict[Path, int] = {}
         self.best_seen: int | None = None       # the last best evald named: kept even in fallback
@@ -134,13 +135,17 @@ class Retention:
         before, now = self._listener.latest, time.monotonic()
         self._listener.poll()
         if self._listener.latest is not before:  # sent some time after the previous drain
-            self._alive_at = self._drained_at
+            self._alive_at, self._silent = self._drained_at, False
         self._drained_at = now
         lease_s = self._lease_s()
-        if self._listener.latest is not None and (self._alive_at is None or now - self._alive_at > lease_s / 2):
+        stale = self._alive_at is None or now - self._alive_at > lease_s / 2
+        if self._listener.latest is not None and stale and not self._silent:
+            # evald republishes every second: a short wait tells "alive" from "gone" (once, until it speaks again)
             if self._listener.wait(min(WAIT_FOR_FRESH_S, lease_s / 2)):
                 self._alive_at = now
                 self._drained_at = time.monotonic()
+            else:
+                self._silent = True
         if self._alive_at is None or time.monotonic() - self._alive_at > self._lease_s():
             return None
         return self._listener.latest
