@@ -183,3 +183,12 @@ def _link_text(path: Path) -> str:
         return repr(os.readlink(path))
     except OSError:
         return "(unreadable)"
+def step_from_name(name: str, steps_per_epoch: int | None) -> int | None:
+    """The global step a ``PREFIX-E_S.ckpt`` name gives without opening the file (rules 1 and 3), else None."""
+    match = _MODEL_CHECKPOINT_NAME.match(name)
+    if match is None:
+        return None
+    epoch, step = int(match.group("epoch")), int(match.group("step"))
+    if epoch == 1:
+        return step
+    return (epoch - 1) * steps_per_epoch + step if steps_per_epoch else None

@@ -47,11 +47,19 @@ def status(argv: Sequence[str]) -> int:
                                 "cannot be found.")
     _which_run(p)
     p.add_argument("--json", action="store_true", help="print the same information as one JSON object")
+    p.add_argument("--step", type=int, action="append", metavar="STEP", help="what happened to step STEP: its "
+                   "evaluation (metrics ± SE, provenance), skip or failure, and lag (repeatable)")
     args = p.parse_args(list(argv))
     path = _run_path(args, "evald status")
     if path is None:
         return 2
     info = gather(path)
+    if args.step:
+        from evald import step_report
+
+        steps = [step_report.describe(path, step, info["ckpt_dir"]) for step in args.step]
+        print(json.dumps(steps, indent=1) if args.json else "\n\n".join(map(step_report.render, steps)))
+        return 0
     print(json.dumps(info, indent=1) if args.json else render(info))
     return 0
 

@@ -21,6 +21,7 @@ from evald.contracts.wire import ControlState
 from evald.early_stop import EarlyStopPolicy
 from evald.health import HealthMonitor
 from evald.lr_advisor import LRAdvisor
+from evald.metrics.uncertainty import se_tag
 from evald.trend import TrainLossTrend
 
 MAX_STEP = 2**63 - 1  # the wire's bound on a step
@@ -33,9 +34,13 @@ class Outcome:
     stop_at_step: int | None                 # set when this evaluation decided to stop training
     alerts: Mapping[str, str] = field(default_factory=dict)   # TensorBoard tag -> message
     advice: Mapping[str, Any] | None = None  # learning-rate advice, when a new episode starts
+    advisory_stop_at: int | None = None      # advisory mode: where training would have been stopped
 
     def texts(self) -> dict[str, str]:
-        texts = {"evald/decision": ("STOP: " if self.stop_at_step is not None else "") + self.reason}
+        prefix = "STOP: " if self.stop_at_step is not None else ""
+        if self.advisory_stop_at is not None:
+            prefix = f"ADVISORY STOP at step {self.advisory_stop_at} (advisory mode: training continues): "
+        texts = {"evald/decision": prefix + self.reason}
         texts.update(self.alerts)
         if self.advice:
             texts["evald/lr_advice"] = f"{self.advice['kind']} (scale {self.advice['scale']}): {self.advice['reason']}"
@@ -46,6 +51,7 @@ class Decisions:
     def __init__(self, config: EvaldConfig) -> None:
         self.monitor = config.monitor
         self.stop_margin_steps = config.stop_margin_steps
+        self.advisory_only = config.advisory_stop
         self.early_stop = EarlyStopPolicy(
             monitor=config.monitor, mode=config.mode, patience=config.patience, min_delta=config.min_delta,
             stopping_threshold=config.stopping_threshold, divergence_threshold=config.divergence_threshold,
@@ -61,6 +67,7 @@ class Decisions:
         self.stop_reason = ""
         self.lr_advice: dict[str, Any] | None = None
         self.summary: dict[str, Any] | None = None
+        self.advisory_stop: dict[str, Any] | None = None  # {stop_at_step, step, reason}: what it would have done
 
     @property
     def best_step(self) -> int | None:
@@ -75,30 +82,36 @@ class Decisions:
         value = metrics.get(self.monitor)
         if value is None:
             return Outcome(f"monitor {self.monitor!r} is not among the metrics {sorted(metrics)}", False, None)
-        verdict = self.early_stop.observe(step, float(value))
+        se = metrics.get(se_tag(self.monitor))
+        verdict = self.early_stop.observe(step, float(value), se)
         trend = self.trend.take()
         alerts = {a.tag: a.message for a in self.health.observe_eval(step, value, trend)}
         advice = None
         if self.advisor is not None and math.isfinite(value):
-            advice = self.advisor.observe(step, value, trend)
-        stop_at = None
-        if verdict.stop and self.stop_at_step is None:
+            advice = self.advisor.observe(step, value, trend, se)
+        stop_at = advisory_at = None
+        if verdict.stop and self.stop_at_step is None and self.advisory_stop is None:
             margin = self.stop_margin_steps or every_n_steps or 1
-            stop_at = min(max(newest_step, step) + margin, MAX_STEP)
-            self.stop_at_step, self.stop_reason = stop_at, verdict.reason
+            at = min(max(newest_step, step) + margin, MAX_STEP)
+            if self.advisory_only:
+                advisory_at, self.advisory_stop = at, {"stop_at_step": at, "step": step, "reason": verdict.reason}
+            else:
+                stop_at, self.stop_at_step, self.stop_reason = at, at, verdict.reason
             self.seq += 1
         elif advice:
             self.lr_advice = dict(advice)
             self.seq += 1
-        return Outcome(verdict.reason, verdict.improved, stop_at, alerts, advice)
+        return Outcome(verdict.reason, verdict.improved, stop_at, alerts, advice, advisory_at)
 
     def begin_run(self, run_id: str) -> None:
         """A stop or advice decided for an earlier run in this directory does not apply to a new one."""
         if run_id == self.run_id:
             return
         self.run_id = run_id
-        if self.stop_at_step is not None or self.lr_advice is not None or self.summary is not None:
+        if (self.stop_at_step is not None or self.lr_advice is not None or self.summary is not None
+                or self.advisory_stop is not None):
             self.stop_at_step, self.stop_reason, self.lr_advice, self.summary = None, "", None, None
+            self.advisory_stop = None
             self.seq += 1
 
     def observe_train(self, step: int, scalars: Mapping[str, float]) -> dict[str, str]:
@@ -114,14 +127,15 @@ class Decisions:
         if self.seq == 0 or self.run_id is None:
             return None
         return ControlState(run_id=self.run_id, seq=self.seq, stop_at_step=self.stop_at_step, reason=self.stop_reason,
-                            lr_advice=self.lr_advice, summary=self.summary)
+                            lr_advice=self.lr_advice, summary=self.summary, advisory_stop=self.advisory_stop)
 
     def state_dict(self) -> dict[str, Any]:
         return {"early_stop": self.early_stop.state_dict(), "health": self.health.state_dict(),
                 "advisor": self.advisor.state_dict() if self.advisor else None,
                 "trend": self.trend.state_dict(),
                 "control": {"run_id": self.run_id, "seq": self.seq, "stop_at_step": self.stop_at_step, "stop_reason": self.stop_reason,
-                            "lr_advice": self.lr_advice, "summary": self.summary}}
+                            "lr_advice": self.lr_advice, "summary": self.summary,
+                            "advisory_stop": self.advisory_stop}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.early_stop.load_state_dict(state.get("early_stop") or {})
@@ -137,3 +151,4 @@ class Decisions:
         self.stop_reason = control.get("stop_reason", "")
         self.lr_advice = control.get("lr_advice")
         self.summary = control.get("summary")
+        self.advisory_stop = control.get("advisory_stop")

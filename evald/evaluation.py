@@ -14,11 +14,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evald import provenance
 from evald.decisions import Decisions, Outcome
 from evald.lag_policy import decide
 from evald.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
+from evald.metrics.uncertainty import SE_SUFFIX, se_tag
 from evald.pipeline import Evaluated, Failed, Pipeline, Retry
 from evald.requeue import RETRY
+from evald.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 from evald.tasks import EvaluationInterrupted
 
 log = logging.getLogger("evald")
@@ -49,6 +52,7 @@ class Context:
     every_n_steps: int | None
     max_attempts: int
     subset_text: str
+    run_id: str | None = None       # the run's, for a checkpoint that does not name its own (a foreign file)
 
 
 def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx: Context,
@@ -82,7 +86,7 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
         counters.evaluated += 1
         return row, _commit_evaluation(ledger, decisions, ctx, counters, row, result, depth)
     if isinstance(result, Failed):
-        _commit_failure(ledger, row, result.state, result.reason)
+        _commit_failure(ledger, ctx, row, result.state, result.reason)
         return row, None
     return row, _unexpected(ledger, ctx, counters, row, result)
 
@@ -91,8 +95,9 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                        evaluated: Evaluated, queue_depth: int) -> Outcome:
     result = evaluated.result
     now = time.time()
+    counters.extra["longest_load_s"] = max(counters.extra.get("longest_load_s", 0.0), result.load_s)
     newest = _current_step(ctx, row.step)  # the trainer's word, capped near the disk (forged steps)
-    outcome = decisions.observe_eval(row.step, result.metrics, newest_step=_current_step(ctx, row.step),
+    outcome = decisions.observe_eval(row.step, result.metrics, newest_step=newest,
                                      every_n_steps=ctx.every_n_steps)
     counts = ledger.counts()
     scalars = dict(result.metrics)
@@ -105,12 +110,25 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
         "evald/skipped_total": float(counts.get(SKIPPED, 0)),
         "evald/failed_total": float(counts.get(FAILED, 0) + counts.get(DELETED, 0)),
         "evald/bad_messages_total": float(counters.bad_messages),
+        "evald/verify_s": result.verify_s,
     })
     texts = {**result.texts, **outcome.texts(), "evald/subset": ctx.subset_text}
+    kv, found = {"decisions": decisions.state_dict()}, None
+    if result.provenance:
+        found = provenance.complete(result.provenance, run_id=row.run_id or ctx.run_id, step=row.step,
+                                    source=row.source)
+        texts[provenance.TAG] = provenance.text(found)
+        change = provenance.change(ledger.get_state(provenance.STATE_KEY), found)
+        if change:
+            texts[provenance.CHANGE_TAG] = change
+            log.warning("step %d is %s", row.step, change)
+        kv[provenance.STATE_KEY] = provenance.state(found)
     record = Record("eval", row.step, row.commit_time or now, scalars, texts)
-    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record,
-                  kv={"decisions": decisions.state_dict()})
-    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}" for k, v in result.metrics.items() if k.startswith("eval/"))
+    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found)
+    metrics = result.metrics
+    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}"
+                     + (f"±{metrics[se_tag(k)]:.2g}" if se_tag(k) in metrics else "")
+                     for k, v in metrics.items() if k.startswith("eval/") and not k.endswith(SE_SUFFIX))
     log.info("step %d: %s | load %.3fs evaluate %.3fs, %.1fs after commit | lag %d steps, queue %d, "
              "skipped %d, failed %d | %s", row.step, shown, result.load_s, result.evaluate_s,
              scalars["evald/lag_s"], scalars["evald/lag_steps"], queue_depth, scalars["evald/skipped_total"],
@@ -120,6 +138,9 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                     "lag_steps": int(scalars["evald/lag_steps"]), "queue_depth": queue_depth})
     if outcome.stop_at_step is not None:
         log.warning("early stop: %s -> training stops at step %d", outcome.reason, outcome.stop_at_step)
+    if outcome.advisory_stop_at is not None:
+        log.warning("advisory early stop (not enforced, training continues): %s -> training would stop at step %d",
+                    outcome.reason, outcome.advisory_stop_at)
     if outcome.advice:
         log.warning("learning-rate advice at step %d: %s", row.step, outcome.advice["reason"])
     return outcome
@@ -134,9 +155,11 @@ def _current_step(ctx: Context, step: int) -> int:
     return min(max(ctx.newest_train_step, on_disk), on_disk + reach)
 
 
-def _commit_failure(ledger: Ledger, row: Step, state: str, reason: str) -> None:
-    ledger.finish(row.step, state, reason=reason,
-                  record=Record("eval", row.step, time.time(), {}, {f"evald/{state}": f"{row.source}: {reason}"}))
+def _commit_failure(ledger: Ledger, ctx: Context, row: Step, state: str, reason: str) -> None:
+    now, newest = time.time(), _current_step(ctx, row.step)
+    ledger.finish(row.step, state, reason=reason, record=Record(
+        "eval", row.step, now, lag_scalars(row.step, newest, row.commit_time, now),
+        {SKIP_TAG: skip_text_for(state, row.source, reason)}))
     log.error("step %d (%s) not evaluated (%s): %s", row.step, row.source, state, reason,
               extra={"step": row.step, "key": row.source, "state": state, "reason": reason})
 
@@ -145,7 +168,7 @@ def _unexpected(ledger: Ledger, ctx: Context, counters: Counters, row: Step, ret
     counters.unexpected_in_a_row += 1
     if row.attempts >= ctx.max_attempts and counters.evaluated > 0:
         # Other checkpoints evaluate fine: this one is the problem.
-        _commit_failure(ledger, row, FAILED, f"{retry.reason} on each of {row.attempts} attempts")
+        _commit_failure(ledger, ctx, row, FAILED, f"{retry.reason} on each of {row.attempts} attempts")
         return None
     ledger.requeue(row.step, f"attempt {row.attempts} raised unexpectedly: {retry.reason}")
     log.error("step %d: attempt %d raised unexpectedly (%s); it stays queued and will be tried again. "

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from evald.checkpoints import CheckpointError
+from evald.contracts import layout
 from evald.contracts.wire import FactorySpec
 from evald.factories import call_factory
 from evald.hot_swap import NetworkWeights
+from evald.swap_check import check as check_swap, weights_digest
 from evald.subset import SubsetInfo, fixed_batches, select_subset
 from evald.tasks import DataShapeError, ShouldAbort, make_task, never
 from evald.weights import load_into
@@ -37,12 +39,25 @@ class EvalResult:
     texts: dict[str, str]
     load_s: float
     evaluate_s: float
+    verify_s: float = 0.0                                            # proving the swap (evald.swap_check)
+    provenance: Mapping[str, Any] = field(default_factory=dict)      # which weights, subset and config
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """One eval-group rank's share of an evaluation (evald.group_evaluator)."""
+
+    arrays: dict[str, np.ndarray]   # full-size, zeros in the other ranks' rows
+    load_s: float
+    verify_s: float
+    provenance: Mapping[str, Any]
 
 
 class Evaluator:
     def __init__(self, *, task: str, model: FactorySpec, data: FactorySpec, subset_size: int,
                  subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None,
-                 part: tuple[int, int] = (0, 1)) -> None:
+                 part: tuple[int, int] = (0, 1), verify_swap: str = "sampled",
+                 config_identity: Mapping[str, Any] | None = None) -> None:
         import mindspore as ms
 
         self._ms = ms
@@ -74,6 +89,7 @@ class Evaluator:
         self.cell = self.task.build_cell(self.network)
         self.cell.set_train(False)
         self.weights = NetworkWeights(self.network)
+        self.verify_swap, self.config_identity = verify_swap, dict(config_identity or {})
         self.generation = generation
         if generation is not None:
             generation.prepare(self.network, dataset, indices, part=part)
@@ -89,26 +105,29 @@ class Evaluator:
     def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> EvalResult:
         """Swap in the checkpoint at ``path`` and evaluate it; CheckpointError if it is bad."""
         started = time.time()
-        load_into(self.weights, path, kind)
+        source = load_into(self.weights, path, kind)
         if not self.weights.valid:  # never evaluate a network that holds two checkpoints' weights
             raise CheckpointError(f"{path.name}: the swap did not complete")
         loaded = time.time()
+        provenance = self._check_swap(path, source)
+        verified = time.time()
         metrics = self.task.evaluate(self.cell, self.batches, should_abort)
         texts: dict[str, str] = {}
         if self.generation is not None:
             gen_metrics, gen_texts = self.generation.run(should_abort)
             metrics.update(gen_metrics)
             texts.update(gen_texts)
-        return EvalResult(metrics, texts, loaded - started, time.time() - loaded)
+        return EvalResult(metrics, texts, loaded - started, time.time() - verified, verified - loaded, provenance)
 
-    def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never
-                      ) -> tuple[dict[str, np.ndarray], float]:
-        """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows; and the load time."""
+    def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> PartResult:
+        """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows."""
         started = time.time()
-        load_into(self.weights, path, kind)
+        source = load_into(self.weights, path, kind)
         if not self.weights.valid:
             raise CheckpointError(f"{path.name}: the swap did not complete")
         loaded = time.time()
+        provenance = self._check_swap(path, source)  # every rank proves its own swap
+        verified = time.time()
         full = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()}
         if self.part_batches:
             for name, values in self.task.outputs(self.cell, self.part_batches, should_abort).items():
@@ -116,7 +135,7 @@ class Evaluator:
         if self.generation is not None:
             for name, values in self.generation.outputs(should_abort).items():
                 full[f"gen/{name}"][self.generation.local_rows] = values
-        return full, loaded - started
+        return PartResult(full, loaded - started, verified - loaded, provenance)
 
     def metrics_of(self, full: dict[str, np.ndarray]) -> tuple[dict[str, float], dict[str, str]]:
         """Metrics and texts from the whole subset's arrays, exactly as ``evaluate`` computes them."""
@@ -126,3 +145,18 @@ class Evaluator:
             gen_metrics, texts = self.generation.report({k[4:]: v for k, v in full.items() if k.startswith("gen/")})
             metrics.update(gen_metrics)
         return metrics, texts
+
+    def _check_swap(self, path: Path, source: Any) -> dict[str, Any]:
+        """Prove the swap (SwapMismatch, an evald error, if the network does not hold the checkpoint's
+        weights) and say what was evaluated: the weights' digest, the subset and the config."""
+        manifest = source if isinstance(source, layout.Manifest) else None
+        loaded = None if manifest is not None else source
+        try:
+            done = check_swap(dict(self.network.parameters_and_names()), mode=self.verify_swap,
+                              step=manifest.step if manifest else 0, step_dir=path, manifest=manifest, loaded=loaded)
+        except Exception:
+            self.weights.valid = False  # evaluate nothing until a later swap succeeds
+            raise
+        digest, digest_of = weights_digest(manifest, loaded)
+        return {"weights_sha256": digest, "weights_digest_of": digest_of, "subset_sha256": self.subset.sha256,
+                "config": self.config_identity, "swap_check": done.describe()}

@@ -22,20 +22,22 @@ from typing import Any, Mapping
 from evald.checkpoints import CheckpointDeleted, CheckpointError
 from evald.contracts.wire import FactorySpec
 from evald.distributed import BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, OK, OP_NAMES, Group
-from evald.evaluator import EvalResult, Evaluator
+from evald.evaluator import EvalResult, Evaluator, PartResult
 from evald.tasks import EvaluationInterrupted, ShouldAbort, never
 
 log = logging.getLogger("evald.group")
 
 
 def build_spec(*, task: str, model: FactorySpec, data: FactorySpec, subset_size: int, subset_seed: int,
-               batch_size: int, generation: Any) -> dict:
+               batch_size: int, generation: Any, verify_swap: str = "sampled",
+               config_identity: Mapping[str, Any] | None = None) -> dict:
     """What every rank needs to build the same evaluation network (a JSON-able BUILD payload)."""
     def factory(spec: FactorySpec) -> dict:
         return {"target": spec.target, "kwargs": dict(spec.kwargs), "search_path": spec.search_path}
     return {"task": task, "model": factory(model), "data": factory(data), "subset_size": subset_size,
             "subset_seed": subset_seed, "batch_size": batch_size,
-            "generation": dataclasses.asdict(generation) if generation is not None else None}
+            "generation": dataclasses.asdict(generation) if generation is not None else None,
+            "verify_swap": verify_swap, "config_identity": dict(config_identity or {})}
 
 
 def build_local(spec: Mapping[str, Any], part: tuple[int, int]) -> Evaluator:
@@ -48,17 +50,18 @@ def build_local(spec: Mapping[str, Any], part: tuple[int, int]) -> Evaluator:
         generation = SampleGenerator(**options)
     return Evaluator(task=spec["task"], model=FactorySpec(**spec["model"]), data=FactorySpec(**spec["data"]),
                      subset_size=spec["subset_size"], subset_seed=spec["subset_seed"],
-                     batch_size=spec["batch_size"], generation=generation, part=part)
+                     batch_size=spec["batch_size"], generation=generation, part=part,
+                     verify_swap=spec["verify_swap"], config_identity=spec["config_identity"])
 
 
 def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: str, should_abort: ShouldAbort
-                  ) -> tuple[list[tuple[int, str]], dict, float, Exception | None]:
-    """Evaluate this rank's part and exchange answers: (statuses, arrays, load seconds, own error)."""
-    code, text, arrays, load_s, error = OK, "", None, 0.0, None
+                  ) -> tuple[list[tuple[int, str]], dict, PartResult | None, Exception | None]:
+    """Evaluate this rank's part and exchange answers: (statuses, whole arrays, own part, own error)."""
+    code, text, part, error = OK, "", None, None
     try:
         if evaluator is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        arrays, load_s = evaluator.evaluate_part(Path(path), kind, should_abort)
+        part = evaluator.evaluate_part(Path(path), kind, should_abort)
     except EvaluationInterrupted:
         raise  # a forced shutdown: no answer; msrun ends the other ranks
     except Exception as exc:  # noqa: BLE001 - every rank must answer, whatever happened to it
@@ -67,8 +70,8 @@ def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: st
         if code == ERROR:
             log.exception("rank %d: evaluating %s raised unexpectedly", group.rank, path)
     layout = evaluator.layout if evaluator is not None else {}
-    statuses, combined = group.answer(code, text, arrays, layout)
-    return statuses, combined, load_s, error
+    statuses, combined = group.answer(code, text, part.arrays if part is not None else None, layout)
+    return statuses, combined, part, error
 
 
 class GroupEvaluator:
@@ -99,15 +102,16 @@ class GroupEvaluator:
         a failure only on another rank is unexpected (it says nothing certain about the file): retried."""
         started = time.time()
         self.group.command(EVALUATE, {"path": str(path), "kind": kind})
-        statuses, arrays, load_s, error = evaluate_part(self.local, self.group, str(path), kind, should_abort)
+        statuses, arrays, part, error = evaluate_part(self.local, self.group, str(path), kind, should_abort)
         if error is not None:
             raise error
         others = [f"rank {rank}: {text}" for rank, (code, text) in enumerate(statuses) if code != OK]
         if others:
             raise RuntimeError(f"the other eval ranks could not evaluate {path.name} ({'; '.join(others)})")
         metrics, texts = self.local.metrics_of(arrays)  # type: ignore[union-attr]
-        total = time.time() - started
-        return EvalResult(metrics, texts, load_s, total - load_s)
+        assert part is not None  # no error: rank 0 evaluated its part
+        evaluate_s = time.time() - started - part.load_s - part.verify_s
+        return EvalResult(metrics, texts, part.load_s, evaluate_s, part.verify_s, part.provenance)
 
 
 def follow(group: Group) -> int:
@@ -128,8 +132,8 @@ def follow(group: Group) -> int:
             group.answer(code, text)
         elif op == EVALUATE:
             assert payload is not None
-            statuses, _, load_s, _ = evaluate_part(evaluator, group, payload["path"], payload["kind"], never)
+            statuses, _, part, _ = evaluate_part(evaluator, group, payload["path"], payload["kind"], never)
             log.info("rank %d: evaluated my part of %s (load %.3fs): %s", group.rank, Path(payload["path"]).name,
-                     load_s, "ok" if statuses[group.rank][0] == OK else statuses[group.rank][1])
+                     part.load_s if part is not None else 0.0, "ok" if statuses[group.rank][0] == OK else statuses[group.rank][1])
         elif op not in OP_NAMES:
             raise AssertionError(op)

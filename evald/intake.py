@@ -13,11 +13,11 @@ import logging
 import time
 from pathlib import Path
 
-from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Rejected, recognise
+from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Rejected, recognise, step_from_name
 from evald.config import EvaldConfig
 from evald.contracts import layout
 from evald.lag_policy import admit
-from evald.ledger import DUPLICATE, QUEUED, REJECTED, Ledger
+from evald.ledger import DELETED, DUPLICATE, QUEUED, REJECTED, Ledger
 
 log = logging.getLogger("evald.intake")
 
@@ -46,7 +46,11 @@ class Intake:
         else:
             verdict = self._recognise(name, now)
         if verdict is None:
-            if name.endswith(FOREIGN_SUFFIXES) and not layout.is_temp_name(name) and (self.ckpt_dir / name).exists():
+            if not (self.ckpt_dir / name).exists():
+                if found_via == "watchdog":  # the kernel saw it appear, so it was committed; now it is gone
+                    return self._gone(name, "before evald could read it", needs_step=True)
+                return False  # a notice of a checkpoint that does not exist leaves no row
+            if name.endswith(FOREIGN_SUFFIXES) and not layout.is_temp_name(name):
                 self._settling[name] = (now or time.time()) + tuning.foreign_settle_s
             return False
         self._settling.pop(name, None)
@@ -76,7 +80,24 @@ class Intake:
         for name, due in list(self._settling.items()):
             if now >= due:
                 del self._settling[name]
+                if not (self.ckpt_dir / name).exists():
+                    self._gone(name, "while evald waited for it to settle", needs_step=False)
+                    continue
                 self.found(name, "rescan", now=now)
+
+    def _gone(self, name: str, when: str, *, needs_step: bool) -> bool:
+        """A checkpoint evald saw appear was deleted before it was read (ModelCheckpoint's keep_checkpoint_max,
+        MindFormers' save_total_limit, keep_last without evald): its step, when its name tells it, is
+        accounted for as deleted. True if it was recorded."""
+        step = layout.parse_step_dir_name(name)
+        step = step if step is not None else step_from_name(name, self.config.foreign_steps_per_epoch)
+        if step is None and needs_step:
+            return False
+        reason = f"{name}: deleted before it could be evaluated (it disappeared {when})"
+        self._judged.add(name)
+        self.ledger.note_file(name, step, REJECTED, reason, fail_step=step is not None, fail_state=DELETED)
+        log.warning("%s", reason, extra={"key": name, "step": step, "state": DELETED, "reason": reason})
+        return True
 
     @property
     def settling(self) -> bool:

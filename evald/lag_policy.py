@@ -40,5 +40,5 @@ def admit(policy: str, every_k: int, ordinal: int, step: int, *, final_step: int
     ``ordinal`` is its 0-based position among all checkpoints of the run by step.
     """
     if policy == "every-k" and step != final_step and ordinal % every_k != every_k - 1:
-        return f"lag policy every-k (k={every_k}): checkpoint #{ordinal + 1} is not a multiple of {every_k}"
+        return f"not every-k: checkpoint #{ordinal + 1} is not a multiple of {every_k} (lag policy every-k)"
     return None

@@ -1,6 +1,6 @@
 """The ledger: evald's durable memory of a checkpoint directory (sqlite, in the log directory).
 
-Three tables:
+Four tables:
 
 * ``steps``: one row per training step, the unit of evaluation. A step is read from
   one file (``source``) however many files carry it. States::
@@ -14,6 +14,7 @@ Three tables:
 * ``records``: the outbox of TensorBoard records. A record is inserted in the same
   transaction as the state change it reports and marked ``written`` once it is on
   disk, so a crash can neither lose a point nor write one twice.
+* ``provenance``: per evaluated step, which weights, subset and config (evald.provenance).
 
 Every public method that changes anything is ONE transaction: after a crash the
 ledger is at one side of each change, never in between. ``kv`` holds small JSON
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from evald.disk_full import guard_ledger
+from evald.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
 QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
     "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
@@ -52,6 +54,7 @@ CREATE TABLE IF NOT EXISTS records (
     wall_time REAL NOT NULL, payload TEXT NOT NULL, written INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS records_pending ON records(written, id);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS provenance (step INTEGER PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
@@ -96,7 +99,6 @@ class Ledger:
                     db.execute(statement)
             if version == 0:
                 from evald.ledger_v1 import migrate_v1
-
                 migrate_v1(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
@@ -126,7 +128,7 @@ class Ledger:
                        (step, SKIPPED if skip_reason else QUEUED, name, kind, run_id, commit_time, found_via,
                         skip_reason, now, now if skip_reason else None))
             if skip_reason:
-                self._outbox(db, Record("eval", step, commit_time or now, {}, {"evald/skipped": skip_reason}))
+                self._outbox(db, _skip_record(db, step, skip_reason, now, commit_time or now))
 
     def replace_source(self, step: int, *, name: str, kind: str, run_id: str | None,
                        commit_time: float | None, old_reason: str) -> None:
@@ -140,8 +142,8 @@ class Ledger:
                        (name, kind, run_id, commit_time, step))
 
     def note_file(self, name: str, step: int | None, status: str, reason: str,
-                  fail_step: bool = False) -> None:
-        """A file that is a duplicate or rejected; with ``fail_step``, its step (if new) fails with it."""
+                  fail_step: bool = False, fail_state: str = FAILED) -> None:
+        """A file that is a duplicate or rejected; with ``fail_step``, its step (if new) ends ``fail_state``."""
         now = time.time()
         with self._transaction() as db:
             db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
@@ -149,9 +151,9 @@ class Ledger:
             if fail_step and step is not None and not db.execute(
                     "SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
                 db.execute("INSERT INTO steps(step, state, source, kind, found_via, reason, admitted_at,"
-                           " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, FAILED, name, "unknown", "scan",
+                           " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, fail_state, name, "unknown", "scan",
                                                                        reason, now, now))
-                self._outbox(db, Record("eval", step, now, {}, {"evald/failed": f"{name}: {reason}"}))
+                self._outbox(db, _skip_record(db, step, skip_text_for(fail_state, name, reason), now))
 
     def start(self, step: int, skips: Sequence[tuple[int, str]] = ()) -> None:
         """``step`` is being evaluated (one more attempt); ``skips`` are passed over by the lag policy."""
@@ -167,14 +169,16 @@ class Ledger:
 
     def finish(self, step: int, state: str, *, reason: str | None = None,
                metrics: Mapping[str, float] | None = None, record: Record | None = None,
-               kv: Mapping[str, Any] | None = None) -> None:
-        """The outcome of an evaluation, its TensorBoard record and the decisions it led to, at once."""
+               kv: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> None:
+        """The outcome of an evaluation, its record, the decisions it led to and its provenance, at once."""
         assert state in (EVALUATED, FAILED, DELETED), state
         with self._transaction() as db:
             db.execute("UPDATE steps SET state=?, reason=?, finished_at=?, metrics=? WHERE step=?",
                        (state, reason, time.time(), json.dumps(dict(metrics)) if metrics else None, step))
             if record is not None:
                 self._outbox(db, record)
+            if provenance is not None:  # evald.provenance: which weights, subset and config
+                db.execute("INSERT OR REPLACE INTO provenance VALUES (?, ?)", (step, json.dumps(provenance)))
             _put(db, kv)
 
     def requeue(self, step: int, reason: str) -> None:
@@ -206,7 +210,7 @@ class Ledger:
                               f"evaluating it); giving up: raise tuning.max_attempts or `evald retry {row.step}`")
                     db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?",
                                (FAILED, reason, now, row.step))
-                    self._outbox(db, Record("eval", row.step, now, {}, {"evald/failed": reason}))
+                    self._outbox(db, _skip_record(db, row.step, skip_text_for(FAILED, row.source, reason), now))
                 else:
                     db.execute("UPDATE steps SET state=?, reason=? WHERE step=?",
                                (QUEUED, "re-queued: evald was interrupted while evaluating it", row.step))
@@ -253,11 +257,12 @@ class Ledger:
     def pending_records(self) -> list[Record]:
         rows = self._db.execute("SELECT id, stream, step, wall_time, payload FROM records WHERE written=0 "
                                 "ORDER BY id").fetchall()
-        out = []
-        for rid, stream, step, wall_time, payload in rows:
-            data = json.loads(payload)
-            out.append(Record(stream, step, wall_time, data.get("scalars", {}), data.get("texts", {}), rid))
-        return out
+        return [Record(stream, step, wall_time, (data := json.loads(payload)).get("scalars", {}), data.get("texts", {}),
+                       rid) for rid, stream, step, wall_time, payload in rows]
+
+    def provenance(self, step: int) -> dict[str, Any] | None:
+        rows = self._db.execute("SELECT value FROM provenance WHERE step=?", (step,))
+        return next((json.loads(value) for (value,) in rows), None)
 
     def get_state(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
@@ -274,7 +279,13 @@ class Ledger:
     def _skip(self, db: sqlite3.Connection, skips: Sequence[tuple[int, str]], now: float) -> None:
         for step, reason in skips:
             db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?", (SKIPPED, reason, now, step))
-            self._outbox(db, Record("eval", step, now, {}, {"evald/skipped": reason}))
+            self._outbox(db, _skip_record(db, step, reason, now))
+
+
+def _skip_record(db: sqlite3.Connection, step: int, text: str, now: float, wall_time: float | None = None) -> Record:
+    newest = db.execute("SELECT MAX(step) FROM steps").fetchone()[0]
+    (commit,) = db.execute("SELECT commit_time FROM steps WHERE step=?", (step,)).fetchone() or (None,)
+    return Record("eval", step, wall_time or now, lag_scalars(step, newest, commit, now), {SKIP_TAG: text})
 
 
 guard_ledger(Ledger)  # a full disk: wait and retry each transaction whole (evald.disk_full)

@@ -96,6 +96,7 @@ class Pipeline:
     def _build(self, config: EvaldConfig, specs: tuple) -> None:
         from evald.device import select_device
         from evald.metrics.plugins import load_metric, plugin_name
+        from evald.provenance import config_identity
 
         task, model, data = specs[:3]
         if not self._device_selected:
@@ -117,11 +118,14 @@ class Pipeline:
 
             self.evaluator = GroupEvaluator(self.group, task=task, model=model, data=data,
                                             subset_size=config.subset_size, subset_seed=config.subset_seed,
-                                            batch_size=config.batch_size, generation=config.generation)
+                                            batch_size=config.batch_size, generation=config.generation,
+                                            verify_swap=config.tuning.verify_swap,
+                                            config_identity=config_identity(*specs))
             return
         self.evaluator = Evaluator(task=task, model=model, data=data, subset_size=config.subset_size,
                                    subset_seed=config.subset_seed, batch_size=config.batch_size,
-                                   plugins=plugins, generation=generation)
+                                   plugins=plugins, generation=generation, verify_swap=config.tuning.verify_swap,
+                                   config_identity=config_identity(*specs))
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome:
         assert self.evaluator is not None, "ensure_built() first"

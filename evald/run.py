@@ -30,6 +30,7 @@ from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, Run
 from evald.decisions import Decisions
 from evald.disk_full import retry
 from evald.intake import Intake
+from evald.leases import Leases
 from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
 from evald.pipeline import Pipeline
 from evald.requeue import RetryWatch, requeue_if_config_changed
@@ -65,6 +66,7 @@ class Run:
         requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
         self.retries = RetryWatch(self.ledger)
         self.train = TrainStream(self.ledger, self.decisions)
+        self.leases = Leases(ckpt_dir, self.ledger, self.config.tuning.lease_s)
         self.pipeline = pipeline
         self.announcement: RunAnnounced | None = None
         self.channel = trust.of_receiver(receiver)      # whether its messages may name factories
@@ -190,6 +192,8 @@ class Run:
     def tick(self) -> None:
         now = time.monotonic()
         if self.control is not None:
+            if self.leases.due():
+                self._publish()  # fresh leases: what evald still needs, what the trainer may delete
             self.control.tick()
         if now - self._last_rescan >= self.config.tuning.rescan_interval_s:
             self._last_rescan = now
@@ -228,7 +232,7 @@ class Run:
             ckpt_dir=self.ckpt_dir, lag_policy=self.config.lag_policy, final_step=self.intake.final_step,
             newest_checkpoint_step=self.intake.newest_step, newest_train_step=max(self.train.last_step, 0),
             every_n_steps=self.announcement.every_n_steps if self.announcement else None,
-            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe())
+            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
         if done is not None and done[1] is not None:
@@ -263,7 +267,8 @@ class Run:
         summary = {"run_id": self.run_id, "final_step": self.run_end.final_step,
                    "training_end_reason": self.run_end.reason, "monitor": self.config.monitor,
                    "best_step": self.decisions.best_step, "best_value": self.decisions.best_value,
-                   "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts()}
+                   "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts(),
+                   "advisory_stop": self.decisions.advisory_stop}
         self.decisions.finish(summary)
         text = json.dumps(summary, indent=1)
         retry("summary.json", lambda: layout.atomic_write_text(self.run_dir / "summary.json", text))
@@ -278,7 +283,10 @@ class Run:
     # ------------------------------------------------------------ sinks
 
     def _publish(self) -> None:
-        state = self.decisions.control_state()
+        self.leases.longest_load_s = self.counters.extra.get("longest_load_s", 0.0)
+        state = self.leases.control_state(
+            self.decisions.control_state(), run_id=self.run_id, seq=self.decisions.seq,
+            lag_policy=self.config.lag_policy, final_step=self.intake.final_step, best_step=self.decisions.best_step)
         if self.control is not None and state is not None:
             self.control.update(state)
 

@@ -140,7 +140,10 @@ class Server:
         self.run.prepare()
 
     def _should_abort(self) -> bool:
-        """Checked between batches: says once that a signal came, and whether to abandon."""
+        """Checked between batches: says once that a signal came, and whether to abandon; meanwhile
+        the control state (with its retention leases, evald.leases) keeps being re-published."""
+        if self.control is not None and self.run is not None:
+            self.control.tick()
         if self.should_exit and not self._said_exiting:
             self._said_exiting = True
             log.warning("signal received: finishing this evaluation, then exiting (a second signal abandons it)")

@@ -18,22 +18,27 @@ from evald.contracts import layout
 from evald.hot_swap import NetworkMismatch, NetworkWeights
 
 
-def load_into(weights: NetworkWeights, path: Path, kind: str) -> None:
+def load_into(weights: NetworkWeights, path: Path, kind: str) -> layout.Manifest | dict[str, np.ndarray]:
     """Swap the checkpoint at ``path`` into the network; CheckpointError says what is wrong with it.
 
     evald-layout: the fit is checked from the manifest before a byte is read, then every file is
     read once, verified as it is read, straight into the parameters' memory where it can be.
     Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
+    Returns what the swap can be checked against (evald.swap_check): the manifest, or the
+    foreign file's weights as MindSpore loaded them.
     """
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
     if kind == FOREIGN:
-        weights.assign(match_names(load_foreign(path, network_bytes=network_bytes(weights.specs)), weights.specs,
-                                   strict=False))
-        return
+        loaded = match_names(load_foreign(path, network_bytes=network_bytes(weights.specs)), weights.specs,
+                             strict=False)
+        weights.assign(loaded)
+        return loaded
     try:
         with confined(path.parent, path.name, directory=True):  # never read through a link out of the directory
-            weights.load(path, layout.read_manifest(path), strict=True)
+            manifest = layout.read_manifest(path)
+            weights.load(path, manifest, strict=True)
+        return manifest
     except (layout.LayoutError, NetworkMismatch) as exc:
         if not path.exists():
             raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated") from exc

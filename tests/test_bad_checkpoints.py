@@ -1,5 +1,6 @@
 """Bad checkpoints: each one is recorded with a clear reason (ledger, log, TensorBoard text
-under ``evald/failed`` or ``evald/deleted`` at its step) and evald goes on to the next one.
+under ``evald/skipped`` at its step, starting "failed: " or "deleted before evaluation: ") and
+evald goes on to the next one.
 
 evald-layout checkpoints are corrupted AFTER their commit (the manifest's sizes and sha256
 catch it); foreign ``.ckpt`` files are truncated, emptied or replaced by garbage; one
@@ -88,7 +89,8 @@ def test_bad_checkpoints_are_recorded_and_evald_goes_on(tmp_path, procs):
             continue
         assert all(w in row["reason"] for w in words), (key, row["reason"])
         assert f"({key}) not evaluated ({state})" in log or f"rejected {key}: " in log, key
-        [text] = [t for _, tag, t in texts if tag == f"evald/{state}" and t.startswith(f"{key}: ")]
+        category = {"failed": "failed", "deleted": "deleted before evaluation"}[state]
+        [text] = [t for _, tag, t in texts if tag == "evald/skipped" and t.startswith(f"{category}: {key}: ")]
         assert row["reason"] in text
     # the good ones after all of that were evaluated, once
     assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [90, 95]

@@ -114,12 +114,3 @@ def test_names():
     assert layout.parse_step_dir_name("step_7") is None
     assert layout.is_temp_name(".step_000000007.tmp-ab") and layout.is_temp_name("net-1_5.tmp")
     assert not layout.is_temp_name("net-1_5.ckpt")
-
-
-def test_best_pointer_written_by_evald_is_read_by_the_hook(tmp_path):
-    from evald.sinks.best_pointer import write_best_pointer
-
-    assert layout.read_best_step(tmp_path) is None
-    (tmp_path / layout.EVALD_SUBDIR).mkdir()
-    write_best_pointer(tmp_path / layout.EVALD_SUBDIR, 40, "tiny-1_40.ckpt", "eval/loss", 1.5)
-    assert layout.read_best_step(tmp_path) == 40

@@ -24,12 +24,14 @@ def admit(ledger, step, name=None, kind="evald", skip=None):
 
 def test_admission_creates_the_step_and_its_file_at_once(ledger):
     admit(ledger, 10)
-    admit(ledger, 20, skip="lag policy every-k")
+    admit(ledger, 20, skip="not every-k: checkpoint #2 (lag policy every-k)")
     assert [(s.step, s.state) for s in ledger.steps()] == [(10, QUEUED), (20, SKIPPED)]
     assert ledger.file_status("step_000000010") == USED
-    # a skip is reported at its own step, in the same transaction
+    # a skip is reported at its own step, in the same transaction, with the lag at that moment
     [record] = ledger.pending_records()
-    assert (record.stream, record.step, dict(record.texts)) == ("eval", 20, {"evald/skipped": "lag policy every-k"})
+    assert (record.stream, record.step, dict(record.texts)) == (
+        "eval", 20, {"evald/skipped": "not every-k: checkpoint #2 (lag policy every-k)"})
+    assert record.scalars["evald/lag_steps"] == 0.0 and record.scalars["evald/lag_s"] > 0
     with pytest.raises(sqlite3.IntegrityError):  # the same step twice is refused, not duplicated
         admit(ledger, 10, name="other-1_10.ckpt")
     assert ledger.file_status("other-1_10.ckpt") is None  # ... and nothing of it was written
@@ -50,7 +52,7 @@ def test_a_rejected_file_fails_its_new_step_with_a_record_but_never_an_existing_
     ledger.note_file("bad-1_40.ckpt", 40, REJECTED, "corrupt", fail_step=True)
     assert ledger.step(40).state == QUEUED  # the good file's step is untouched
     texts = [dict(r.texts) for r in ledger.pending_records()]
-    assert texts == [{"evald/failed": "step_000000030: manifest says step 40"}]
+    assert texts == [{"evald/skipped": "failed: step_000000030: manifest says step 40"}]
 
 
 def test_pick_skips_and_start_are_one_transaction_and_finish_commits_record_and_state(ledger):
@@ -63,7 +65,10 @@ def test_pick_skips_and_start_are_one_transaction_and_finish_commits_record_and_
                   record=Record("eval", 30, 1.0, {"eval/loss": 2.5}, {}), kv={"decisions": {"best": 2.5}})
     assert ledger.step(30).metrics == {"eval/loss": 2.5} and ledger.get_state("decisions") == {"best": 2.5}
     pending = ledger.pending_records()
-    assert [(r.step, dict(r.scalars)) for r in pending] == [(10, {}), (20, {}), (30, {"eval/loss": 2.5})]
+    assert [(r.step, r.scalars.get("evald/lag_steps")) for r in pending[:2]] == [(10, 20.0), (20, 10.0)]
+    assert [(r.step, dict(r.texts)) for r in pending[:2]] == [(10, {"evald/skipped": "superseded"}),
+                                                               (20, {"evald/skipped": "superseded"})]
+    assert (pending[2].step, dict(pending[2].scalars)) == (30, {"eval/loss": 2.5})
     ledger.mark_written([r.id for r in pending])
     assert ledger.pending_records() == []
 
@@ -86,7 +91,8 @@ def test_recovery_requeues_interrupted_steps_and_gives_up_after_max_attempts(led
     ledger.recover_interrupted(max_attempts=3)
     assert ledger.step(10).state == QUEUED and "interrupted" in ledger.step(10).reason
     assert ledger.step(20).state == FAILED and "interrupted 3 times" in ledger.step(20).reason
-    assert [dict(r.texts)["evald/failed"][:30] for r in ledger.pending_records()] == [ledger.step(20).reason[:30]]
+    [text] = [dict(r.texts)["evald/skipped"] for r in ledger.pending_records()]
+    assert text == f"failed: step_000000020: {ledger.step(20).reason}"
 
 
 def test_a_version_1_ledger_is_migrated(tmp_path):

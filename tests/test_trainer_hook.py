@@ -139,21 +139,27 @@ def test_callback_without_network_snapshots_weights_that_fit_the_bare_network(tm
 
 
 def test_cleanup_keeps_the_newest_and_never_the_best(tmp_path, hook_env):
+    """keep_last 2 with evald reachable (its real control publisher) naming step 1 the best and having
+    released every step: the newest two are kept, and the best beside them."""
+    from evald.contracts.wire import ControlState
+    from tests.test_retention import Publisher
+
     net = nn.Dense(2, 2)
     ckpt = tmp_path / "ckpt"
-    hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2)
-    hook.step_end(1)
-    hook.writer.close()
-    from evald.sinks.best_pointer import write_best_pointer
-
-    layout.best_pointer_path(ckpt).parent.mkdir(parents=True)  # where the hook looks (until leases)
-    write_best_pointer(layout.best_pointer_path(ckpt).parent, 1, "step_000000001", "eval/loss", 0.5)
-    hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2)
-    for step in range(2, 6):
-        hook.step_end(step)
-        _wait_idle(hook)  # one write at a time: a snapshot due while writing would be skipped
-    hook.writer.close(timeout_s=30)
+    endpoint = f"ipc://{tmp_path}/control.sock"
+    publisher = Publisher(endpoint)
+    publisher.state = ControlState(run_id="r", seq=0, best_step=1, released=(1, 2, 3, 4, 5), lease_s=60.0)
+    try:
+        hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2, run_id="r", control_endpoint=endpoint)
+        time.sleep(1.0)  # the writer's subscriber joins (a PUB drops what it sends before a SUB joins)
+        for step in range(1, 6):
+            hook.step_end(step)
+            _wait_idle(hook)  # one write at a time: a snapshot due while writing would be skipped
+        hook.writer.close(timeout_s=30)
+    finally:
+        publisher.stop()
     assert [s for s, _ in layout.list_committed(ckpt)] == [1, 4, 5]
+    assert hook.stats()["snapshots_deleted"] == 2 and hook.stats()["snapshots_skipped_budget"] == 0
 
 
 def _wait_idle(hook):

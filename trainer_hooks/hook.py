@@ -35,6 +35,7 @@ from evald.contracts.wire import (
 )
 from trainer_hooks.host_copy import host_copy_of_weights
 from trainer_hooks.notifier import Notifier
+from trainer_hooks.retention import Retention
 from trainer_hooks.snapshot_writer import SnapshotJob, SnapshotWriter
 from trainer_hooks.stop_agreement import (
     ControlSubscriber,
@@ -97,13 +98,15 @@ class EvaldHook:
         obey_stop: stop when evald decides to.
         agree_every: how often the ranks agree on a stop (a small all-reduce).
         reduce_sum: the all-reduce used to agree; default: MindSpore's when distributed.
-        keep_last: delete all but the newest ``keep_last`` snapshots.
+        keep_last: disk budget: at most this many snapshots (the best one beside them); only those evald is
+            done with are deleted, else a new snapshot is skipped (trainer_hooks.retention).
         final_snapshot_timeout_s: how long ``train_end`` waits for the final snapshot.
         lr_advice_handler: called with evald's learning-rate advice (see ``ScaleLearningRate``).
         client_key: this trainer's CURVE key file (``evald keys``) for a ``tcp://`` endpoint; default
             ``$EVALD_CLIENT_KEY``.
         server_public_key: evald's CURVE public key file; default ``$EVALD_SERVER_PUBLIC_KEY``.
         allow_plaintext: send over ``tcp://`` without CURVE (anyone on the path can read and forge).
+        max_bytes: disk budget in bytes of snapshots, like ``keep_last`` (either or both).
 
     Returns:
         ``step_end`` returns True when every rank has agreed to stop at this step: leave the loop.
@@ -146,6 +149,7 @@ class EvaldHook:
         client_key: str | os.PathLike | None = None,          # CURVE (docs/authentication.md)
         server_public_key: str | os.PathLike | None = None,
         allow_plaintext: bool | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.network = network
@@ -187,8 +191,9 @@ class EvaldHook:
                     self.ckpt_dir, self.run_id, on_committed=self._on_committed,
                     producer={"rank": self.rank, "world_size": self.world_size,
                               "host": socket.gethostname(), "pid": os.getpid()},
-                    keep_last=keep_last,
-                )
+                    retention=Retention(self.ckpt_dir, keep_last=keep_last, max_bytes=max_bytes,
+                                        control_endpoint=self.control_endpoint if self.rank == 0 else None,
+                                        run_id=self.run_id) if keep_last or max_bytes else None)
                 if network is not None:
                     self.writer.prepare(network, optimizer)
                 announcement = RunAnnounced(
@@ -324,10 +329,11 @@ class EvaldHook:
         try:
             network = network or self.network
             if self.writer is not None:
-                if network is not None and self.last_snapshot_step != final_step:
+                self.writer.wait_idle(self.final_snapshot_timeout_s)  # was the last one written, or skipped?
+                if network is not None and self.writer.last_committed != final_step:
                     weights = host_copy_of_weights(network, optimizer or self.optimizer)
-                    if self.writer.submit_final(SnapshotJob(step=final_step, weights=weights, epoch=epoch),
-                                                self.final_snapshot_timeout_s):
+                    job = SnapshotJob(step=final_step, weights=weights, epoch=epoch, final=True)
+                    if self.writer.submit_final(job, self.final_snapshot_timeout_s):
                         self.last_snapshot_step = final_step
                 self.writer.close(timeout_s=self.final_snapshot_timeout_s)
             if self.notifier is not None:
@@ -353,6 +359,8 @@ class EvaldHook:
             "snapshots_written": self.writer.written if self.writer else 0,
             "snapshots_skipped_busy": self.writer.skipped_busy if self.writer else 0,
             "snapshots_failed": self.writer.failed if self.writer else 0,
+            "snapshots_skipped_budget": self.writer.retention.skipped if self.writer and self.writer.retention else 0,
+            "snapshots_deleted": self.writer.retention.deleted if self.writer and self.writer.retention else 0,
             "notifications_sent": self.notifier.sent if self.notifier else 0,
             "notifications_dropped": self.notifier.dropped if self.notifier else 0,
             "hook_errors": self.errors,

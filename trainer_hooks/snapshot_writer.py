@@ -12,13 +12,14 @@ never written while being filled.
 At start the writer removes its own orphaned temp directories
 (``.step_N.tmp-*`` left by a writer that died), once they are older than
 ``orphan_temp_age_s``. The commit itself follows the checkpoint layout
-contract in evald.contracts.layout.
+contract in evald.contracts.layout. Before each write, ``retention``
+(trainer_hooks.retention) makes room within the disk budget, deleting only
+what evald has released, or says to skip the snapshot (counted).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 
 from evald.contracts import layout
 from trainer_hooks.host_copy import HostBuffers
+from trainer_hooks.retention import Retention
 
 log = logging.getLogger("trainer_hooks.snapshot_writer")
 
@@ -39,6 +41,7 @@ class SnapshotJob:
     weights: Mapping[str, np.ndarray] | Callable[[], Mapping[str, np.ndarray]]
     epoch: int | None = None
     resume: layout.ResumeInfo = field(default_factory=layout.ResumeInfo)
+    final: bool = False  # the run's last snapshot: written even beyond the disk budget
 
 
 @dataclass
@@ -59,11 +62,14 @@ class SnapshotWriter:
         orphan_temp_age_s: float | None = 300.0,
         shard_bytes: int = layout.SHARD_BYTES,
         threads: int | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.ckpt_dir = Path(ckpt_dir)
         self.run_id = run_id
-        self.keep_last = keep_last
+        # keep_last alone (no evald channel): the budget decides, oldest first
+        self.retention = retention or (Retention(self.ckpt_dir, keep_last=keep_last) if keep_last else None)
         self.written = 0
+        self.last_committed: int | None = None  # the step of the last snapshot actually committed
         self.skipped_busy = 0
         self.failed = 0
         self.last_error: str | None = None
@@ -154,6 +160,10 @@ class SnapshotWriter:
             self._cond.notify()
             return self._cond.wait_for(lambda: not self.busy, timeout_s)
 
+    def wait_idle(self, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: not self.busy, timeout_s)
+
     def close(self, timeout_s: float = 60.0) -> None:
         with self._cond:
             self._cond.wait_for(lambda: not self.busy, timeout_s)
@@ -189,6 +199,8 @@ class SnapshotWriter:
                 self._cond.notify_all()
 
     def _run(self) -> None:
+        if self.retention is not None:
+            self.retention.listen()  # this thread's own socket, connected before the first snapshot
         self._allocate()  # before the orphans: a snapshot may be waiting for it
         self._remove_orphans()
         while True:
@@ -199,6 +211,8 @@ class SnapshotWriter:
                 if self._preparing is not None:
                     continue
                 if self._pending is None:
+                    if self.retention is not None:
+                        self.retention.close()
                     return
                 job, self._pending, self._busy = self._pending, None, True
             try:
@@ -218,22 +232,16 @@ class SnapshotWriter:
     def _write(self, job: SnapshotJob) -> None:
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         weights = job.weights() if callable(job.weights) else job.weights
+        if self.retention is not None and not self.retention.make_room(
+                job.step, sum(int(a.nbytes) for a in weights.values()), final=job.final):
+            return  # the disk budget is full of snapshots evald still needs: counted in retention.skipped
         final = layout.write_checkpoint(
             self.ckpt_dir, job.step, weights, run_id=self.run_id, epoch=job.epoch,
             resume=job.resume, producer=self._producer, shard_bytes=self._shard_bytes,
             threads=self._threads,
         )
         self.written += 1
+        self.last_committed = job.step
         manifest = layout.read_manifest(final)
+        log.info("committed snapshot %s", final.name)
         self._on_committed(job.step, final, manifest.commit_time)
-        if self.keep_last:
-            self._remove_old()
-
-    def _remove_old(self) -> None:
-        """Keep the newest ``keep_last`` checkpoints, and never the one evald marked best."""
-        protected = layout.read_best_step(self.ckpt_dir)
-        committed = layout.list_committed(self.ckpt_dir)
-        for step, path in committed[: max(0, len(committed) - int(self.keep_last or 0))]:
-            if step == protected:
-                continue
-            shutil.rmtree(path, ignore_errors=True)

@@ -159,11 +159,16 @@ class StopAgreement:
         self.reduce_sum = reduce_sum
         self.agreed_stop_step: int | None = None
         self.reason = ""
+        self.advisory_noted = False
 
     def local_stop_step(self) -> int | None:
         if self.subscriber is None:
             return None
         state = self.subscriber.poll()
+        if state is not None and state.advisory_stop and not self.advisory_noted:
+            self.advisory_noted = True  # evald's advisory mode: said once, never obeyed
+            log.warning("evald advises stopping at step %s (advisory mode: training continues): %s",
+                        state.advisory_stop.get("stop_at_step"), state.advisory_stop.get("reason", ""))
         if state is None or state.stop_at_step is None:
             return None
         self.reason = state.reason

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from evald.config.schema import DeviceSpec, opt
+from evald.config.schema import DeviceSpec, MinDelta, opt
 from evald.contracts import auth
 from evald.health_thresholds import HealthThresholds
 
@@ -39,6 +39,12 @@ class TuningOptions:
                                   "is read", kind="float", min=0.0, max=3600)
     max_attempts: int = opt(3, "evaluations of one checkpoint that may be interrupted (crash, kill, "
                             "unexpected error) before it is marked failed", kind="int", min=1, max=1000000)
+    verify_swap: str = opt("sampled", "after each hot swap, check that the network holds the checkpoint's weights: "
+                           "sampled (a few elements per parameter against the files), full (re-hash the live "
+                           "memory against the manifest) or off", kind="choice", choices=("off", "sampled", "full"))
+    lease_s: float = opt(60.0, "how long the trainer may rely on evald's retention leases after it last heard "
+                         "them (raised to 3x the longest checkpoint load seen)", kind="float", min=2.0,
+                         max=7 * 86400.0)
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,9 @@ class EvaldConfig:
                     choices=("min", "max"))
     patience: int | None = opt(None, "evaluations without improvement before stopping; default: never stop",
                                kind="int", min=1)
-    min_delta: float = opt(0.0, "smallest change of MONITOR that counts as an improvement", kind="float", min=0.0)
+    min_delta: MinDelta = opt(None, "smallest change of MONITOR that counts as an improvement: a number (0.01) or "
+                              "standard errors of MONITOR on the fixed subset (2se)", kind="delta", min=0.0,
+                              factory=MinDelta)
     stopping_threshold: float | None = opt(None, "stop as soon as MONITOR is this good", kind="float")
     divergence_threshold: float | None = opt(None, "stop as soon as MONITOR is this bad", kind="float")
     check_finite: bool = opt(True, "stop when MONITOR is nan or inf", kind="bool")
@@ -151,6 +159,8 @@ class EvaldConfig:
     health: HealthThresholds = opt(None, "training-health alert thresholds and learning-rate advice ([health] "
                                    "table); see docs/metrics.md", kind="table", table=HealthThresholds,
                                    factory=HealthThresholds)
+    advisory_stop: bool = opt(False, "decide early stops but never stop training: the decision is logged, written "
+                              "to TensorBoard and published as advice (docs/early-stopping.md)", kind="bool")
     # --- logging
     log_level: str = opt("INFO", "DEBUG, INFO, WARNING or ERROR", kind="choice",
                          choices=("DEBUG", "INFO", "WARNING", "ERROR"))

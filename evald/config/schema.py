@@ -67,6 +67,30 @@ class DeviceSpec:
 DEVICE_TARGETS = ("auto", "Ascend", "GPU", "CPU")
 
 
+@dataclass(frozen=True)
+class MinDelta:
+    """``--min-delta``: an absolute change of the monitored metric (``0.01``), or a number of its
+    standard errors on the fixed subset (``2se``, docs/early-stopping.md)."""
+
+    amount: float = 0.0
+    unit: str = "abs"  # "abs" or "se"
+
+    def __str__(self) -> str:
+        return f"{self.amount:g}se" if self.unit == "se" else f"{self.amount:g}"
+
+    def threshold(self, se_value: float | None, se_reference: float | None) -> float | None:
+        """The change that must be beaten, in the metric's units; None when it needs a missing SE.
+
+        In SE units it is ``amount * sqrt(se_value**2 + se_reference**2)``, the SE of the difference
+        of two independent estimates (``se_value`` alone when the reference has none)."""
+        if self.unit == "abs":
+            return self.amount
+        if se_value is None or not math.isfinite(se_value):
+            return None
+        reference = se_reference if se_reference is not None and math.isfinite(se_reference) else 0.0
+        return self.amount * math.hypot(se_value, reference)
+
+
 def coerce(f: Field, value: Any, source: str, key: str | None = None) -> Any:
     """Validate ``value`` for option ``f`` from ``source``; return the typed value."""
     key = key or f.name
@@ -232,6 +256,18 @@ def parse_cpus(text: str) -> set[int]:
     return cores
 
 
+def _delta(f, value, source, key):
+    text = value.strip().lower() if isinstance(value, str) else None
+    in_se = text is not None and text.endswith("se")
+    raw = text[:-2].strip() if in_se else value
+    try:
+        number = _number(f, raw, source, key, integer=False)
+    except ConfigError:
+        raise ConfigError(source, key, f"expected a number >= 0 (an absolute change, e.g. 0.01) or a number of "
+                                       f"standard errors (e.g. 2se), got {value!r}") from None
+    return MinDelta(number, "se" if in_se else "abs")
+
+
 def _cpus(f, value, source, key):
     try:
         parse_cpus(str(value))
@@ -270,5 +306,5 @@ def _name(f, value, source, key):
 _KINDS: dict[str, Callable[[Field, Any, str, str], Any]] = {
     "int": _int, "float": _float, "str": _str, "bool": _bool, "choice": _choice, "factory": _factory,
     "object": as_object, "table": _table, "plugins": _plugins, "device": _device, "cpus": _cpus,
-    "endpoint": _endpoint, "path": _str, "name": _name, "modules": _modules,
+    "endpoint": _endpoint, "path": _str, "delta": _delta, "name": _name, "modules": _modules,
 }

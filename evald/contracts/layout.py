@@ -19,7 +19,6 @@ writer thread and evald both use it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import secrets
@@ -280,20 +279,3 @@ def remove_run_end(ckpt_dir: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(Path(ckpt_dir) / RUN_END_FILE)
 
-
-# ---------------------------------------------------------------- best pointer
-# evald writes ckpt_dir/evald/best.json; the trainer hook reads it so that its
-# cleanup of old checkpoints never deletes the best one.
-
-BEST_FILE = "best.json"
-
-
-def best_pointer_path(ckpt_dir: Path) -> Path:
-    return Path(ckpt_dir) / EVALD_SUBDIR / BEST_FILE
-
-
-def read_best_step(ckpt_dir: Path) -> int | None:
-    try:
-        return int(json.loads(best_pointer_path(ckpt_dir).read_text())["step"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return None

@@ -26,6 +26,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
+from evald.contracts import retention
 from evald.contracts import wire_fields as F
 from evald.contracts.wire_fields import ProtocolError
 
@@ -149,7 +150,14 @@ class RunFinished(Message):
 
 @dataclass(frozen=True)
 class ControlState(Message):
-    """evald's sticky decision. ``stop_at_step`` None means keep training."""
+    """evald's sticky decision. ``stop_at_step`` None means keep training.
+
+    Retention (docs/wire-protocol.md, "Leases"): ``leases`` are steps evald still needs,
+    ``released`` steps it has finished with whose ``step_N`` directory is still there (the
+    best excepted); the trainer may delete only released steps, so a step evald has not
+    heard of yet is kept. Both lists are bounded (oldest first): an unlisted step is kept.
+    ``lease_s``: how long after hearing this the trainer may rely on it.
+    """
 
     TYPE: ClassVar[str] = "control_state"
     seq: int
@@ -157,6 +165,11 @@ class ControlState(Message):
     reason: str = ""
     lr_advice: Mapping[str, Any] | None = None
     summary: Mapping[str, Any] | None = None
+    advisory_stop: Mapping[str, Any] | None = None  # advisory mode: {stop_at_step, step, reason}, not obeyed
+    leases: tuple[int, ...] = ()
+    released: tuple[int, ...] = ()
+    best_step: int | None = None
+    lease_s: float | None = None
 
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
@@ -176,7 +189,7 @@ _FIELD_RULES: dict[str, Callable[[Any, str], Any]] = {
     "reason": _text(F.MAX_TEXT_BYTES),
     "control_endpoint": _text(F.MAX_ENDPOINT_BYTES, empty=False, name=True),
     **dict.fromkeys(("step", "final_step", "seq", "world_size", "total_steps", "every_n_steps",
-                     "stop_at_step"), F.uint),
+                     "stop_at_step", "best_step"), F.uint),
     "sent_at": F.finite,
     "commit_time": F.finite,
     "model_factory": FactorySpec.from_obj,
@@ -184,6 +197,10 @@ _FIELD_RULES: dict[str, Callable[[Any, str], Any]] = {
     "records": F.records,
     "lr_advice": F.lr_advice,
     "summary": F.json_object,
+    "advisory_stop": F.advisory_stop,
+    "leases": retention.step_list,
+    "released": retention.step_list,
+    "lease_s": retention.duration,
 }
 
 

@@ -272,3 +272,16 @@ def lr_advice(value: Any, where: str) -> Mapping[str, Any] | None:
     if "kind" in value:
         text(value["kind"], f"{where}.kind", MAX_TASK_BYTES, name=True)
     return value
+
+
+def advisory_stop(value: Any, where: str) -> Mapping[str, Any] | None:
+    """What an advisory early stop would have done: ``{stop_at_step, step, reason}``, typed."""
+    if value is None:
+        return None
+    json_object(value, where)
+    for key in ("stop_at_step", "step"):
+        if key not in value:
+            fail(where, f"missing {key!r}")
+        uint(value[key], f"{where}.{key}")
+    text(value.get("reason", ""), f"{where}.reason")
+    return value

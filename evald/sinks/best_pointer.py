@@ -2,8 +2,9 @@
 
 ``{"step", "dir", "monitor", "value", "updated_at"}``; ``dir`` is the entry of the
 checkpoint directory the step was read from (a ``step_N`` directory or a foreign
-file). The trainer hook's ``keep_last`` cleanup reads it so that it never deletes the
-best checkpoint (docs/checkpoint-layout.md).
+file), for people and tools. The trainer hook does not read it: evald names the best
+step on its control channel, with its retention leases (evald.leases), and the hook's
+pruning never deletes it (docs/reliability.md, "Retention").
 """
 
 from __future__ import annotations

@@ -70,15 +70,19 @@ class ClassificationTask:
         return {"logits": np.concatenate(all_logits), "labels": np.concatenate(all_labels)}
 
     def metrics(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
-        """Log-loss, accuracy, macro-F1 and AUC over the subset (evald.metrics.classification)."""
-        from evald.metrics.classification import classification_metrics
+        """Log-loss, accuracy, macro-F1 and AUC over the subset (evald.metrics.classification), with their
+        standard errors (evald.metrics.uncertainty)."""
+        from evald.metrics.classification import classification_metrics, to_probabilities
+        from evald.metrics.uncertainty import classification_standard_errors
 
         logits, labels = outputs["logits"], outputs["labels"]
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        metrics = {"eval/loss": float(-log_probs[np.arange(len(labels)), labels].mean())}
+        sample_nll = -log_probs[np.arange(len(labels)), labels]
+        metrics = {"eval/loss": float(sample_nll.mean())}
         for key, value in classification_metrics(logits, labels, logits.shape[1]).items():
             metrics[f"eval/{key}"] = float(value)
+        metrics.update(classification_standard_errors(to_probabilities(logits), labels, sample_nll))
         for plugin in self.plugins:
             metrics[f"eval/{plugin.name}"] = float(plugin.metric.eval())
         return metrics

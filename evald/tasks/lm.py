@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 from mindspore import nn, ops
 
+from evald.metrics.uncertainty import lm_standard_errors
 from evald.subset import Batch
 from evald.tasks import DataShapeError, EvaluationInterrupted, ShouldAbort, describe_item, never
 
@@ -91,7 +92,7 @@ class LanguageModelTask:
                 "tokens": np.concatenate(token_rows)}
 
     def metrics(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
-        """Token-weighted loss, perplexity and next-token accuracy over the subset."""
+        """Token-weighted loss, perplexity and next-token accuracy over the subset, with their standard errors."""
         token_count = float(outputs["tokens"].sum())
         loss = float(outputs["nll"].sum()) / token_count
         metrics = {
@@ -99,6 +100,7 @@ class LanguageModelTask:
             "eval/perplexity": math.exp(min(loss, 700.0)),
             "eval/accuracy": float(outputs["correct"].sum()) / token_count,
         }
+        metrics.update(lm_standard_errors(outputs["nll"], outputs["correct"], outputs["tokens"]))
         for plugin in self.plugins:
             metrics[f"eval/{plugin.name}"] = float(plugin.metric.eval())
         return metrics

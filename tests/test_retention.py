@@ -1,0 +1,193 @@
+"""Retention leases in-process: the plan (pure), evald's leases from its ledger, and the trainer hook's
+pruning against a real control channel (evald's ControlPublisher over ipc, real snapshot files).
+The same with a real trainer and a real evald slower than the snapshots: tests/test_retention_e2e.py."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evald.contracts import layout
+from evald.contracts.wire import ControlState, decode
+from evald.leases import Leases
+from evald.ledger import EVALUATED, FAILED, Ledger
+from evald.requeue import RETRY
+from trainer_hooks.retention import Retention, Snapshot, plan
+
+WEIGHTS = {"w": np.zeros(256, np.float32)}
+
+
+def snapshots(*steps, nbytes=100):
+    return [Snapshot(s, Path(f"/x/step_{s:09d}"), nbytes) for s in steps]
+
+
+def test_the_oldest_released_snapshots_make_room_and_nothing_else():
+    on_disk = snapshots(10, 20, 30)
+    chosen = plan(on_disk, keep_last=2, max_bytes=None, new_bytes=100, deletable=lambda s: s != 20, best=None)
+    assert [s.step for s in chosen.delete] == [10, 30] and chosen.write and chosen.held == [20]
+    chosen = plan(on_disk, keep_last=3, max_bytes=None, new_bytes=100, deletable=lambda s: True, best=None)
+    assert [s.step for s in chosen.delete] == [10] and chosen.write       # only as much as needed
+
+
+def test_a_full_budget_of_snapshots_evald_needs_skips_the_new_one_and_deletes_none():
+    chosen = plan(snapshots(10, 20), keep_last=2, max_bytes=None, new_bytes=100, deletable=lambda s: False,
+                  best=None)
+    assert chosen.delete == [] and not chosen.write and chosen.held == [10, 20]
+    final = plan(snapshots(10, 20), keep_last=2, max_bytes=None, new_bytes=100, deletable=lambda s: False,
+                 best=None, final=True)
+    assert final.write and final.over_budget and final.delete == []      # the run's last one is always written
+
+
+def test_the_best_is_kept_beside_the_budget_and_bytes_count_too():
+    chosen = plan(snapshots(10, 20, 30), keep_last=2, max_bytes=None, new_bytes=100, deletable=lambda s: True,
+                  best=10)
+    assert [s.step for s in chosen.delete] == [20] and chosen.write
+    chosen = plan(snapshots(10, 20, 30, nbytes=400), keep_last=None, max_bytes=1000, new_bytes=300,
+                  deletable=lambda s: s != 30, best=None)
+    assert [s.step for s in chosen.delete] == [10, 20] and chosen.write   # 400 + 300 <= 1000
+    chosen = plan(snapshots(10, nbytes=400), keep_last=None, max_bytes=1000, new_bytes=700, deletable=lambda s: False,
+                  best=None)
+    assert not chosen.write
+
+
+# ---------------------------------------------------------------- evald's side: leases from the ledger
+
+
+def admit(ledger, step, **kwargs):
+    ledger.admit(name=layout.step_dir_name(step), step=step, kind="evald", found_via=kwargs.get("via", "rescan"),
+                 run_id="r", commit_time=1.0)
+
+
+def test_evald_leases_what_it_needs_and_releases_what_it_is_done_with(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20, 30, 40, 50, 60, 70):
+        layout.write_checkpoint(ckpt, step, WEIGHTS, run_id="r")
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for step in (10, 20, 30, 40, 50, 60, 70, 80):   # 80: a foreign file's step, no step_N directory
+        admit(ledger, step, via=RETRY if step == 50 else "rescan")
+    ledger.finish(10, EVALUATED)
+    ledger.finish(20, EVALUATED)
+    ledger.skip([(30, "superseded by step 40 (lag policy latest)")])
+    ledger.start(40)
+    ledger.finish(80, FAILED, reason="bad")
+    leases = Leases(ckpt, ledger, lease_s=60.0)
+    every = leases.fields(lag_policy="all", final_step=None, best_step=20)
+    assert every["leases"] == (40, 50, 60, 70) and every["released"] == (10, 30) and every["best_step"] == 20
+    # under latest, queued steps older than the newest are skipped at the next pick whatever happens:
+    # released now, except the run's final step and a step `evald retry` asked for
+    latest = leases.fields(lag_policy="latest", final_step=60, best_step=20)
+    assert latest["leases"] == (40, 50, 60, 70) and latest["released"] == (10, 30)
+    latest = leases.fields(lag_policy="latest", final_step=None, best_step=20)
+    assert latest["leases"] == (40, 50, 70) and latest["released"] == (10, 30, 60)
+    layout.write_checkpoint(ckpt, 90, WEIGHTS, run_id="r")   # committed, evald has not heard of it
+    import shutil
+
+    shutil.rmtree(ckpt / layout.step_dir_name(10))           # the trainer deleted it
+    again = leases.fields(lag_policy="all", final_step=None, best_step=20)
+    assert again["released"] == (30,) and 90 not in again["released"] + again["leases"]
+    leases.longest_load_s = 50.0
+    assert leases.fields(lag_policy="all", final_step=None, best_step=None)["lease_s"] == 150.0
+    state = leases.control_state(None, run_id="r", seq=0, lag_policy="all", final_step=None, best_step=20)
+    assert decode(state.encode()) == state and state.stop_at_step is None
+    ledger.close()
+
+
+# ---------------------------------------------------------------- the hook's side, on a real channel
+
+
+class Publisher:
+    """evald's real ControlPublisher, re-publishing ``state`` every 50 ms from one thread until stopped."""
+
+    def __init__(self, endpoint: str):
+        from evald.sinks.control import ControlPublisher
+
+        self.state: ControlState | None = None
+        self._stop = threading.Event()
+        self._publisher = ControlPublisher(endpoint, republish_s=0.05)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.05):
+            if self.state is not None:
+                self._publisher.update(self.state)
+        self._publisher.close()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture
+def channel(tmp_path):
+    endpoint = f"ipc://{tmp_path}/c.sock"
+    publisher = Publisher(endpoint)
+    yield endpoint, publisher
+    publisher.stop()
+
+
+def committed(ckpt):
+    return [step for step, _ in layout.list_committed(ckpt)]
+
+
+def until_heard(retention, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while retention.current() is None:
+        assert time.monotonic() < deadline, "the control state never arrived"
+        time.sleep(0.05)
+
+
+def test_the_hook_deletes_only_what_evald_released_and_skips_when_the_rest_fill_the_budget(tmp_path, channel):
+    endpoint, publisher = channel
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20, 30):
+        layout.write_checkpoint(ckpt, step, WEIGHTS, run_id="r")
+    publisher.state = ControlState(run_id="r", seq=3, leases=(20, 30), released=(10,), best_step=None, lease_s=60.0)
+    retention = Retention(ckpt, keep_last=2, control_endpoint=endpoint, run_id="r")
+    until_heard(retention)
+    assert not retention.make_room(40, 1024)       # 10 goes; 20 and 30 are evald's: 40 is skipped
+    assert committed(ckpt) == [20, 30] and retention.skipped == 1 and retention.deleted == 1
+    assert "steps 20, 30" in retention.last_skip_reason
+    publisher.state = ControlState(run_id="r", seq=3, leases=(30,), released=(20,), best_step=None, lease_s=60.0)
+    time.sleep(0.3)
+    assert retention.make_room(50, 1024) and committed(ckpt) == [30]
+    publisher.state = ControlState(run_id="other-run", seq=9, released=(30,), lease_s=60.0)  # not ours: ignored
+    time.sleep(0.3)
+    layout.write_checkpoint(ckpt, 50, WEIGHTS, run_id="r")
+    assert not retention.make_room(60, 1024) and committed(ckpt) == [30, 50]
+    retention.close()
+
+
+def test_without_evald_the_budget_alone_decides_and_says_so(tmp_path, caplog):
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20, 30):
+        layout.write_checkpoint(ckpt, step, WEIGHTS, run_id="r")
+    retention = Retention(ckpt, keep_last=2, control_endpoint=f"ipc://{tmp_path}/nobody.sock", run_id="r")
+    with caplog.at_level(logging.INFO, logger="trainer_hooks.retention"):
+        assert retention.make_room(40, 1024)
+        assert retention.make_room(50, 1024)
+    assert committed(ckpt) == [30]
+    said = [r.getMessage() for r in caplog.records if "on its control channel" in r.getMessage()]
+    assert len(said) == 1 and "keep_last 2" in said[0]                  # said once, not per snapshot
+    retention.close()
+
+
+def test_a_silent_evald_keeps_its_leases_for_lease_s_then_the_budget_decides(tmp_path, channel):
+    endpoint, publisher = channel
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20, 30):
+        layout.write_checkpoint(ckpt, step, WEIGHTS, run_id="r")
+    publisher.state = ControlState(run_id="r", seq=1, leases=(10, 20, 30), best_step=20, lease_s=1.0)
+    retention = Retention(ckpt, keep_last=2, control_endpoint=endpoint, run_id="r")
+    until_heard(retention)
+    publisher.stop()                                   # evald dies, or hangs
+    assert not retention.make_room(40, 1024) and committed(ckpt) == [10, 20, 30]  # the lease still holds
+    time.sleep(1.5)                                     # longer than lease_s since it was last heard
+    assert retention.make_room(40, 1024)
+    assert committed(ckpt) == [20, 30]                 # oldest first; the best (20) kept beside the budget
+    retention.close()
