@@ -4,16 +4,20 @@ Whatever found an entry (a ZeroMQ notification, a watchdog event, a rescan), the
 entry is judged once (the ledger's ``files`` table remembers it) and one training
 step gets one row, read from the most trustworthy file that carries it
 (evald.checkpoints.PREFERENCE). A new step is admitted or skipped by the lag policy
-in the same transaction that creates its row.
+in the same transaction that creates its row. An entry evald's user may not read
+is kept pending (not judged, not in the ledger) and judged again when it is found again:
+at every rescan, and when watchdog reports a change of its permissions.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
-from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Rejected, recognise
+from evald import mindformers_layout
+from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Pending, Rejected, recognise
 from evald.config import EvaldConfig
 from evald.contracts import layout
 from evald.lag_policy import admit
@@ -31,10 +35,11 @@ class Intake:
         self.newest_step = max(ledger.step_numbers(), default=0)
         self._judged: set[str] = set()      # names already in the ledger's files table
         self._settling: dict[str, float] = {}  # foreign files still being written: name -> recheck time
+        self._unreadable: dict[str, str] = {}  # entries evald's user may not read: name -> why
 
     def found(self, name: str, found_via: str, now: float | None = None) -> bool:
         """An entry appeared (or may have): admit what it carries, once. True if it was new."""
-        if name in self._judged or "/" in name:
+        if name in self._judged or not mindformers_layout.is_entry_name(name):
             return False
         if self.ledger.file_status(name) is not None:
             self._judged.add(name)
@@ -43,10 +48,19 @@ class Intake:
         verdict = recognise(self.ckpt_dir, name, steps_per_epoch=self.config.foreign_steps_per_epoch,
                             settle_s=tuning.foreign_settle_s, now=now)
         if verdict is None:
-            if name.endswith(FOREIGN_SUFFIXES) and not layout.is_temp_name(name) and (self.ckpt_dir / name).exists():
+            if (name.endswith(FOREIGN_SUFFIXES) and not layout.is_temp_name(mindformers_layout.base_name(name))
+                    and (self.ckpt_dir / name).exists()):
                 self._settling[name] = (now or time.time()) + tuning.foreign_settle_s
             return False
         self._settling.pop(name, None)
+        if isinstance(verdict, Pending):
+            if self._unreadable.get(name) != verdict.reason:
+                log.error("%s. It stays pending and is judged as soon as evald may read it (at every rescan, "
+                          "and when its permissions change)", verdict.reason)
+            self._unreadable[name] = verdict.reason
+            return False
+        if self._unreadable.pop(name, None) is not None:
+            log.info("%s can be read now", name)
         self._judged.add(name)
         if isinstance(verdict, Rejected):
             self._reject(verdict)
@@ -64,6 +78,13 @@ class Intake:
     @property
     def settling(self) -> bool:
         return bool(self._settling)
+
+    @property
+    def unreadable(self) -> dict[str, str]:
+        """Entries evald's user may not read (name -> why), forgotten when they disappear."""
+        for name in [n for n in self._unreadable if not os.path.lexists(self.ckpt_dir / n)]:
+            del self._unreadable[name]
+        return dict(self._unreadable)
 
     def _reject(self, verdict: Rejected) -> None:
         status = DUPLICATE if verdict.duplicate else REJECTED
