@@ -4,11 +4,13 @@
 ``TrainOneStepWithLossScaleCell``, MindFormers' ``MFTrainOneStepCell``), which holds
 besides the model's weights the optimizer's state and loss-scale state (``scale_sense``,
 ``loss_scaling_manager.*``). A snapshot holds the model's weights only, so without
-``network=`` the callback goes down the wrappers' ``network`` / ``_backbone`` attributes
-(the train cell, a ``WithLossCell``, MindFormers' tool cells) as long as the cell below
-still holds every parameter the optimizer trains. If it cannot go below the cell that
-holds the optimizer, it cannot tell the weights from the train cell's other state, and
-``model_of`` says which parameters it is unsure of.
+``network=`` the callback goes down from the train cell to its ``network`` when that holds
+every parameter the optimizer trains, then down ``network``/``_backbone`` attributes
+(``WithLossCell``, MindFormers' tool cells) while nothing is left behind. If it cannot go
+below the cell that holds the optimizer, it cannot tell the weights from the train
+cell's other state, and ``model_of`` says which parameters it is unsure of. A loss cell
+of other attribute names (``LMLoss(model)``) stays: its prefix (``model.``) is fitted by
+evald (evald.name_fit).
 
 **The outputs.** ``(loss, grad_norm)`` (trainer_hooks.TrainStepWithGradNorm),
 ``(loss, overflow, loss_scale)`` (``TrainOneStepWithLossScaleCell``) and MindFormers'
@@ -62,14 +64,18 @@ def optimizer_of(args: Any) -> Any:
 
 
 def model_of(train_cell: Any, optimizer: Any) -> tuple[Any, str | None]:
-    """The model inside ``train_cell`` and, when its weights cannot be told apart, why (else None)."""
+    """The model inside ``train_cell`` and, when its weights cannot be told apart, why (else None).
+
+    Down from the train wrapper (the cell holding ``optimizer``) to its ``network`` if that holds
+    every trained parameter; then down ``network``/``_backbone`` while nothing is left behind
+    (a ``WithLossCell``'s loss has no parameters; a buffer such as BatchNorm's statistics is kept).
+    """
     trained = {id(p) for p in (optimizer.parameters if optimizer is not None else train_cell.trainable_params())}
-    cell = train_cell
-    while True:
-        child = next((c for c in (getattr(cell, a, None) for a in WRAPPER_ATTRIBUTES) if _is_cell(c)), None)
-        if child is None or not trained <= {id(p) for p in child.get_parameters()}:
-            break
+    cell, child = train_cell, _wrapped(train_cell)
+    if child is not None and getattr(train_cell, "optimizer", None) is not None and trained <= _ids(child):
         cell = child
+        while (child := _wrapped(cell)) is not None and _ids(cell) <= _ids(child):
+            cell = child
     if cell is not train_cell:
         return cell, None
     unsure = [name for name, p in weight_parameters(cell, optimizer) if id(p) not in trained]
@@ -97,10 +103,14 @@ def step_learning_rate(optimizer: Any) -> Any:
     return schedule(ms.Tensor([applied], ms.int32)).reshape(())
 
 
-def _is_cell(value: Any) -> bool:
+def _wrapped(cell: Any) -> Any:
     from mindspore import nn
 
-    return isinstance(value, nn.Cell)
+    return next((c for c in (getattr(cell, a, None) for a in WRAPPER_ATTRIBUTES) if isinstance(c, nn.Cell)), None)
+
+
+def _ids(cell: Any) -> set[int]:
+    return {id(p) for p in cell.get_parameters()}
 
 
 def _few(names: list[str], limit: int = 6) -> str:
