@@ -5,8 +5,8 @@ entry is judged once (the ledger's ``files`` table remembers it) and one trainin
 step gets one row, read from the most trustworthy file that carries it
 (evald.checkpoints.PREFERENCE). A new step is admitted or skipped by the lag policy
 in the same transaction that creates its row. An entry evald's user may not read
-is kept pending (not judged, not in the ledger) and judged again when it is found again:
-at every rescan, and when watchdog reports a change of its permissions.
+is kept pending (not judged, not in the ledger) and judged again every UNREADABLE_RECHECK_S
+(a change of permissions makes no inotify event that watchdog reports) and at every rescan.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from evald.ledger import DUPLICATE, QUEUED, REJECTED, Ledger
 
 log = logging.getLogger("evald.intake")
 
+UNREADABLE_RECHECK_S = 5.0
+
 
 class Intake:
     def __init__(self, ckpt_dir: Path, ledger: Ledger, config: EvaldConfig) -> None:
@@ -36,6 +38,7 @@ class Intake:
         self._judged: set[str] = set()      # names already in the ledger's files table
         self._settling: dict[str, float] = {}  # foreign files still being written: name -> recheck time
         self._unreadable: dict[str, str] = {}  # entries evald's user may not read: name -> why
+        self._unreadable_due = 0.0
 
     def found(self, name: str, found_via: str, now: float | None = None) -> bool:
         """An entry appeared (or may have): admit what it carries, once. True if it was new."""
@@ -55,8 +58,8 @@ class Intake:
         self._settling.pop(name, None)
         if isinstance(verdict, Pending):
             if self._unreadable.get(name) != verdict.reason:
-                log.error("%s. It stays pending and is judged as soon as evald may read it (at every rescan, "
-                          "and when its permissions change)", verdict.reason)
+                log.error("%s. It stays pending and is judged as soon as evald may read it (looked at again "
+                          "every %gs)", verdict.reason, UNREADABLE_RECHECK_S)
             self._unreadable[name] = verdict.reason
             return False
         if self._unreadable.pop(name, None) is not None:
@@ -73,6 +76,10 @@ class Intake:
         for name, due in list(self._settling.items()):
             if now >= due:
                 del self._settling[name]
+                self.found(name, "rescan", now=now)
+        if self._unreadable and now >= self._unreadable_due:
+            self._unreadable_due = now + UNREADABLE_RECHECK_S
+            for name in list(self._unreadable):
                 self.found(name, "rescan", now=now)
 
     @property

@@ -112,12 +112,20 @@ def test_files_another_user_may_not_read_wait_for_their_permission(tmp_path, pro
         for directory, _, files in os.walk(out):  # the trainer's group: evald's user may list, not read
             for path in [directory, *(os.path.join(directory, name) for name in files)]:
                 os.chown(path, 0, 65534)
-        evald = Proc(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-m", "evald",
-                      *faults.FAST, *FACTORIES, "--ckpt-dir", str(out), "--endpoint", "none", "--logdir", str(logs),
-                      "--lag-policy", "all", "--tuning", '{"foreign_settle_s": 0, "rescan_interval_s": 0.5}'],
-                     base_env({"HOME": str(home), "EVALD_SOCKET_DIR": str(sockets), "TMPDIR": str(home)}),
-                     tmp_path / "evald-other-user.log")
-        procs.append(evald)
+        def start(*extra: str, name: str) -> Proc:
+            proc = Proc(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", PYTHON, "-m", "evald",
+                         *faults.FAST, *FACTORIES, "--ckpt-dir", str(out), "--endpoint", "none", "--logdir",
+                         str(logs), "--lag-policy", "all", "--tuning",  # no rescan: the pending recheck
+                         '{"foreign_settle_s": 0, "rescan_interval_s": 3600}', *extra],
+                        base_env({"HOME": str(home), "EVALD_SOCKET_DIR": str(sockets), "TMPDIR": str(home)}),
+                        tmp_path / f"{name}.log")
+            procs.append(proc)
+            return proc
+
+        idle = start("--idle-exit-s", "2", name="evald-idle")  # nothing it may read: waiting is not done
+        assert idle.wait(180) == 3, idle.output()[-3000:]
+        assert "file(s) evald may not read" in idle.output()
+        evald = start(name="evald-other-user")
         wait_for(lambda: evald.output().count("permission denied") >= 6, 180, "every file said to be unreadable")
         wait_for(lambda: "evaluation network ready" in evald.output(), 180, "evald ready to evaluate")
         text = evald.output()

@@ -151,3 +151,31 @@ def test_discovery_watches_mindformers_directories_that_appear_after_it_started(
     finally:
         discovery.stop()
     assert sorted(os.listdir(out)) == ["checkpoint", "checkpoint_network"]
+
+
+def test_a_directory_removed_and_created_again_is_watched_again(tmp_path):
+    """MindFormers' CheckpointMonitor removes the checkpoint directory it created too early (empty)
+    and creates it again at its first save: the new directory is watched, not the dead one."""
+    from evald.sources.discovery import Discovery
+
+    out = tmp_path / "output"
+    (out / "checkpoint_network" / "rank_0").mkdir(parents=True)
+    events: queue.Queue = queue.Queue()
+    discovery = Discovery(out, events, watch="inotify")
+    discovery.start()
+    try:
+        (out / "checkpoint_network" / "rank_0").rmdir()
+        (out / "checkpoint_network" / "rank_0").mkdir()
+        name = "checkpoint_network/rank_0/llama_rank_0-network-1_10.ckpt"
+        deadline, seen = time.time() + 30, set()
+        while time.time() < deadline and name not in seen:
+            try:
+                _, path = events.get(timeout=0.2)
+            except queue.Empty:
+                (out / name).write_bytes(b"x")  # written once the new directory may be watched
+                continue
+            discovery.reach(path)  # rescans are not needed: the event path alone re-watches it
+            seen.add(mf.entry_name(out, path))
+        assert name in seen
+    finally:
+        discovery.stop()

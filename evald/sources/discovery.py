@@ -19,7 +19,9 @@ import logging
 import os
 import queue
 import re
+import threading
 from pathlib import Path
+from typing import Callable
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -34,13 +36,20 @@ WATCHDOG, RESCAN = "watchdog", "rescan"
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, out: "queue.Queue[tuple[str, object]]") -> None:
+    def __init__(self, out: "queue.Queue[tuple[str, object]]", gone: Callable[[Path], None]) -> None:
         self._out = out
+        self._gone = gone
+
+    def on_deleted(self, event: FileSystemEvent) -> None:
+        if event.is_directory:  # a watched directory removed: its watch is dead even if it comes back
+            self._gone(Path(os.fsdecode(event.src_path)))
 
     def on_created(self, event: FileSystemEvent) -> None:
         self._out.put((WATCHDOG, Path(os.fsdecode(event.src_path))))
 
     def on_moved(self, event: FileSystemEvent) -> None:
+        if event.is_directory:
+            self._gone(Path(os.fsdecode(event.src_path)))
         self._out.put((WATCHDOG, Path(os.fsdecode(event.dest_path))))
 
     def on_modified(self, event: FileSystemEvent) -> None:
@@ -75,6 +84,8 @@ class Discovery:
         self._dirs = [self.ckpt_dir, *mindformers_layout.watched_dirs(self.ckpt_dir)]
         self._listed = [self.ckpt_dir, *mindformers_layout.served_dirs(self.ckpt_dir)]
         self._watches: dict[Path, tuple[object, int]] = {}  # directory -> (watchdog watch, its inode)
+        self._dead: set[Path] = set()  # watched directories seen removed (observer threads add to it)
+        self._dead_lock = threading.Lock()
         self._said: set[tuple[Path, str]] = set()
 
     def start(self) -> None:
@@ -90,7 +101,10 @@ class Discovery:
             except OSError:
                 inode = None
             old = self._watches.get(directory)
-            if old is not None and old[1] == inode:
+            with self._dead_lock:  # a new directory may get the inode number of the removed one
+                dead = directory in self._dead
+                self._dead.discard(directory)
+            if old is not None and old[1] == inode and not dead:
                 continue
             if old is not None:  # gone or replaced (MindFormers removes a directory it created too early)
                 del self._watches[directory]
@@ -104,7 +118,7 @@ class Discovery:
                     log.warning("%s does not exist yet: waiting for the trainer to create it", self.ckpt_dir)
                 continue
             try:
-                watch = self._observer.schedule(_Handler(self._out), str(directory), recursive=False)
+                watch = self._observer.schedule(_Handler(self._out, self._gone), str(directory), recursive=False)
             except OSError as exc:
                 self._say_once(directory, f"cannot watch {directory} ({exc}); it is looked at by rescans only")
                 continue
@@ -112,6 +126,11 @@ class Discovery:
             added = True
             log.info("watching %s (%s, filesystem %s)", directory, self.mode, self.fs_type)
         return added
+
+    def _gone(self, path: Path) -> None:
+        if path in self._watches:
+            with self._dead_lock:
+                self._dead.add(path)
 
     def reach(self, path: Path) -> bool:
         """``path`` (from an event) may be a directory evald watches that appeared: True if it is now watched."""
