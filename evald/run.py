@@ -220,7 +220,7 @@ class Run:
     @property
     def blocked(self) -> bool:
         """Checkpoints wait but cannot be evaluated (no or broken factories, files evald may not read)."""
-        return bool(self.ledger.steps(QUEUED)) and self.pipeline.evaluator is None or bool(self.intake.unreadable)
+        return (bool(self.ledger.steps(QUEUED)) and self.pipeline.evaluator is None) or bool(self.intake.unreadable)
 
     @property
     def blocked_reason(self) -> str | None:

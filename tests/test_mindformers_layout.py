@@ -125,6 +125,26 @@ def test_intake_one_step_one_row_read_from_the_weights_file(out_ckpt, tmp_path):
     ledger.close()
 
 
+def test_an_evald_snapshot_of_the_same_step_wins_over_both_mindformers_files(tmp_path):
+    """EvaldCallback(ckpt_dir=<MindFormers' output_dir>): one directory, three files for step 10."""
+    from evald.config import EvaldConfig
+    from evald.contracts import layout
+    from evald.intake import Intake
+    from evald.ledger import Ledger
+
+    out = tmp_path / "output"
+    write([save(out, 1, 10, 10)], tmp_path)
+    faults.commit(out, 10)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    intake = Intake(out, ledger, EvaldConfig(lag_policy="all"))
+    for name in (full_name(1, 10), network_name(1, 10), layout.step_dir_name(10)):  # worst first
+        intake.found(name, "rescan")
+    [row] = ledger.steps("queued")
+    assert (row.step, row.source, row.kind) == (10, layout.step_dir_name(10), "evald")
+    assert ledger.file_status(full_name(1, 10)) == ledger.file_status(network_name(1, 10)) == "duplicate"
+    ledger.close()
+
+
 def test_discovery_watches_mindformers_directories_that_appear_after_it_started(tmp_path):
     """evald creates nothing: it watches output/ and, once they exist, MindFormers' directories
     (here created after the watch began, as MindFormers does at its first save)."""
