@@ -108,11 +108,12 @@ def test_intake_one_step_one_row_read_from_the_weights_file(out_ckpt, tmp_path):
     """Whichever file is found first, each step is read from the weights-only file; meta.json and
     the full checkpoints leave no other trace than a duplicate row in the files table."""
     from evald.config import EvaldConfig
+    from evald.config.options import TuningOptions
     from evald.intake import Intake
     from evald.ledger import Ledger
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    intake = Intake(out_ckpt, ledger, EvaldConfig(lag_policy="all"))
+    intake = Intake(out_ckpt, ledger, EvaldConfig(lag_policy="all", tuning=TuningOptions(foreign_settle_s=0)))
     names = ["checkpoint/rank_0/meta.json"] + [n for e, s, _ in SAVES for n in (full_name(e, s), network_name(e, s))]
     for name in names:  # full file first: the step switches to the weights file while queued
         intake.found(name, "rescan")
@@ -128,6 +129,7 @@ def test_intake_one_step_one_row_read_from_the_weights_file(out_ckpt, tmp_path):
 def test_an_evald_snapshot_of_the_same_step_wins_over_both_mindformers_files(tmp_path):
     """EvaldCallback(ckpt_dir=<MindFormers' output_dir>): one directory, three files for step 10."""
     from evald.config import EvaldConfig
+    from evald.config.options import TuningOptions
     from evald.contracts import layout
     from evald.intake import Intake
     from evald.ledger import Ledger
@@ -136,7 +138,7 @@ def test_an_evald_snapshot_of_the_same_step_wins_over_both_mindformers_files(tmp
     write([save(out, 1, 10, 10)], tmp_path)
     faults.commit(out, 10)
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    intake = Intake(out, ledger, EvaldConfig(lag_policy="all"))
+    intake = Intake(out, ledger, EvaldConfig(lag_policy="all", tuning=TuningOptions(foreign_settle_s=0)))
     for name in (full_name(1, 10), network_name(1, 10), layout.step_dir_name(10)):  # worst first
         intake.found(name, "rescan")
     [row] = ledger.steps("queued")
