@@ -69,6 +69,14 @@ def watched_dirs(ckpt_dir: Path) -> list[Path]:
     return dirs
 
 
+def output_dir_of(ckpt_dir: Path) -> Path:
+    """The MindFormers output directory when ``ckpt_dir`` is one of its rank directories, else ``ckpt_dir``."""
+    ckpt_dir = Path(ckpt_dir)
+    if _RANK.match(ckpt_dir.name) and ckpt_dir.parent.name in (WEIGHTS_DIR, FULL_DIR):
+        return ckpt_dir.parent.parent
+    return ckpt_dir
+
+
 def entry_name(ckpt_dir: Path, path: Path) -> str | None:
     """``path``'s name as an entry of the served directory, or None if it is not one."""
     parent = Path(path).parent

@@ -48,13 +48,13 @@ def _final(rows) -> bool:
 
 
 def test_evald_started_before_training_serves_the_output_directory(tmp_path, procs):
-    out, logs = tmp_path / "output", tmp_path / "logs"
-    evald = faults.start(tmp_path, out, *FACTORIES, "--logdir", str(logs), "--lag-policy", "all",
+    out, logs = tmp_path / "output", None  # the default log directory: beside output/, not in it
+    evald = faults.start(tmp_path, out, *FACTORIES, "--lag-policy", "all",
                          "--tuning", '{"foreign_settle_s": 0, "rescan_interval_s": 1}')
     procs.append(evald)
     wait_for(lambda: "does not exist yet" in evald.output(), 120, "evald waiting for the output directory")
     wait_for(lambda: "evaluation network ready" in evald.output() or "serving" in evald.output(), 180, "evald up")
-    assert not out.exists()  # evald created nothing: not the output directory, not rank_0 (MindFormers: 0750)
+    assert sorted(os.listdir(tmp_path)) == ["evald.log", "tensorboard"]  # evald created nothing of output/
 
     write([save(out, e, s, g) for e, s, g in BOTH] + [save(out, e, s, g, network=False) for e, s, g in FULL_ONLY],
           tmp_path)
@@ -78,11 +78,12 @@ def test_evald_started_before_training_serves_the_output_directory(tmp_path, pro
     assert {n: f["status"] for n, f in files.items() if f["status"] != "used"} == {
         full_name(e, s): "duplicate" for e, s, _ in BOTH}  # meta.json and its temp: not even judged
     # one point per step, and each step's loss is that of its weights (not Adam's moments)
-    assert raw_scalar_steps(logs, "eval/loss") == sorted(steps + [REF + g for g in steps])
-    losses = {s: v for s, _, v in scalar_points(logs, "eval/loss")}
+    run = faults.run_dir(out, logs)
+    assert raw_scalar_steps(run, "eval/loss") == sorted(steps + [REF + g for g in steps])
+    losses = {s: v for s, _, v in scalar_points(run, "eval/loss")}
     for g in steps:
         assert losses[g] == pytest.approx(losses[REF + g], rel=1e-5), (g, losses)
-    best = json.loads((logs / "best.json").read_text())
+    best = json.loads((run / "best.json").read_text())
     assert best["step"] in steps and best["dir"] == rows[best["step"]]["key"] and (out / best["dir"]).is_file()
     # nothing created, changed or removed in the trainer's tree (but the test's own reference copies)
     after = {p: m for p, m in _tree(out).items() if not p.startswith("step_")}

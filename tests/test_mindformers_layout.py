@@ -201,3 +201,12 @@ def test_a_directory_removed_and_created_again_is_watched_again(tmp_path):
         assert name in seen
     finally:
         discovery.stop()
+
+
+def test_evald_state_goes_beside_the_output_directory_not_into_it(tmp_path):
+    from evald.run_dir import default_logdir, default_run_name
+
+    exp = tmp_path / "llama-exp1"
+    for served in (exp / "output", exp / "output" / "checkpoint_network" / "rank_0"):
+        assert default_logdir(served) == exp / "tensorboard"
+        assert default_run_name(served) == "llama-exp1"
