@@ -9,12 +9,17 @@ Two kinds of checkpoint:
     1. the name ``PREFIX-1_S.ckpt``: in epoch 1 the step within the epoch, S, is the
        global step (the file is not opened for it);
     2. a ``step_num`` entry in the file (``CheckpointConfig(append_info=["step_num"])``);
+       for a MindFormers weights-only file, the full checkpoint of the same epoch and step
+       (evald.mindformers_layout);
     3. the name ``PREFIX-E_S.ckpt`` with ``--foreign-steps-per-epoch``: ``(E-1)*N + S``;
     4. otherwise the file is rejected with a reason saying which option to set.
+  A MindFormers weights-only file (``checkpoint_network/rank_N/``) is of kind
+  ``foreign-weights``, preferred to a full checkpoint of the same step.
 
 One training step gets one evaluation whichever files carry it (docs/reliability.md,
 "Which file a step is read from"): an evald-layout checkpoint wins over a foreign file
 of the same step, because it is verified (sizes and hash) and holds the weights only.
+A file evald's user may not read is ``Pending``: judged again later, never rejected for it.
 A link inside the directory to another entry is a duplicate of that entry; a link that
 leads outside the directory is rejected.
 
@@ -24,6 +29,7 @@ writers a foreign file must also have kept its size and mtime for ``settle_s``.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
@@ -32,11 +38,14 @@ from pathlib import Path
 
 import numpy as np
 
+from evald import mindformers_layout
 from evald.contracts import layout
+from evald.file_access import Unreadable, check_readable
 
-EVALD, FOREIGN = "evald", "foreign"
+EVALD, FOREIGN, FOREIGN_WEIGHTS = "evald", "foreign", "foreign-weights"
+FOREIGN_KINDS = (FOREIGN, FOREIGN_WEIGHTS)
 FOREIGN_SUFFIXES = (".ckpt", ".safetensors")
-PREFERENCE = {EVALD: 0, FOREIGN: 1}  # lower wins when several files carry one step
+PREFERENCE = {EVALD: 0, FOREIGN_WEIGHTS: 1, FOREIGN: 2}  # lower wins when several files carry one step
 _MODEL_CHECKPOINT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d{1,9})_(?P<step>\d{1,15})\.(ckpt|safetensors)$")
 _STEP_KEYS = ("step_num", "cur_step_num", "global_step")
 MAX_STEP = 2**63 - 1
@@ -48,6 +57,10 @@ class CheckpointError(RuntimeError):
 
 class CheckpointDeleted(CheckpointError):
     """The checkpoint disappeared (the trainer's cleanup, a user) before evald could read it."""
+
+
+class CheckpointUnreadable(CheckpointError):
+    """evald's user may not read it: a permission problem, not a bad file (evald.file_access)."""
 
 
 @dataclass(frozen=True)
@@ -71,10 +84,17 @@ class Rejected:
     duplicate: bool = False  # an alias of another entry, not a bad file
 
 
+@dataclass(frozen=True)
+class Pending:
+    name: str
+    reason: str              # why evald cannot judge it now (a permission problem): judged again later
+
+
 def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, settle_s: float = 0.0,
-              now: float | None = None) -> Found | Rejected | None:
+              now: float | None = None) -> Found | Rejected | Pending | None:
     """What entry ``name`` of ``ckpt_dir`` is; None when it is not (yet) a checkpoint."""
-    if layout.is_temp_name(name) or name in (layout.EVALD_SUBDIR, layout.RUN_FILE, layout.RUN_END_FILE):
+    if (layout.is_temp_name(mindformers_layout.base_name(name))
+            or name in (layout.EVALD_SUBDIR, layout.RUN_FILE, layout.RUN_END_FILE)):
         return None
     path = ckpt_dir / name
     dir_step = layout.parse_step_dir_name(name)
@@ -82,18 +102,21 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
         return None
     if dir_step is not None and dir_step > MAX_STEP:
         return Rejected(name, None, f"step {dir_step} in the name is out of range (0..2**63-1)")
+    if "/" in name and os.path.realpath(path.parent) != os.path.join(os.path.realpath(ckpt_dir), os.path.dirname(name)):
+        return Rejected(name, None, f"{os.path.dirname(name)} is a link: a served subdirectory must be a real "
+                                    f"directory inside the checkpoint directory; not read")
     if path.is_symlink():
-        return _link(ckpt_dir, path, dir_step)
+        return _link(path.parent, path, dir_step, name)
     if dir_step is not None:
         return _evald(path, dir_step)
-    return _foreign(path, steps_per_epoch, settle_s, now)
+    return _foreign(path, name, steps_per_epoch, settle_s, now)
 
 
-def _link(ckpt_dir: Path, path: Path, step: int | None) -> Rejected:
+def _link(ckpt_dir: Path, path: Path, step: int | None, name: str) -> Rejected:
     target = Path(os.path.realpath(path))
     if target.parent != Path(os.path.realpath(ckpt_dir)):  # named as the link says: nothing of the target leaks
-        return Rejected(path.name, step, f"a link to {_link_text(path)}, outside the checkpoint directory: not read")
-    return Rejected(path.name, step, f"a link to {target.name}, which is read under its own name", duplicate=True)
+        return Rejected(name, step, f"a link to {_link_text(path)}, outside the checkpoint directory: not read")
+    return Rejected(name, step, f"a link to {target.name}, which is read under its own name", duplicate=True)
 
 
 def _evald(path: Path, dir_step: int) -> Found | Rejected | None:
@@ -112,8 +135,8 @@ def _evald(path: Path, dir_step: int) -> Found | Rejected | None:
     return Found(path.name, dir_step, EVALD, manifest.run_id, manifest.commit_time)
 
 
-def _foreign(path: Path, steps_per_epoch: int | None, settle_s: float, now: float | None
-             ) -> Found | Rejected | None:
+def _foreign(path: Path, name: str, steps_per_epoch: int | None, settle_s: float, now: float | None
+             ) -> Found | Rejected | Pending | None:
     from evald.confinement import examine
 
     try:
@@ -121,24 +144,45 @@ def _foreign(path: Path, steps_per_epoch: int | None, settle_s: float, now: floa
     except CheckpointDeleted:
         return None
     except CheckpointError as exc:
-        return Rejected(path.name, None, str(exc))  # a FIFO, a device, a directory: never opened
+        return Rejected(name, None, str(exc))  # a FIFO, a device, a directory: never opened
     if (now or time.time()) - st.st_mtime < settle_s:
         return None  # still changing, maybe a writer without temp+rename: re-checked later
-    step_or_reason = foreign_step(path, steps_per_epoch)
+    try:
+        check_readable(path, name)
+        step_or_reason = foreign_step(path, steps_per_epoch, now=now)
+    except (Unreadable, CheckpointUnreadable) as exc:
+        return Pending(name, str(exc))
+    if step_or_reason is None:
+        return None  # a MindFormers weights-only file whose full checkpoint is not there yet
     if isinstance(step_or_reason, str):
-        return Rejected(path.name, None, step_or_reason)
-    return Found(path.name, step_or_reason, FOREIGN, None, st.st_mtime)
+        return Rejected(name, None, step_or_reason)
+    kind = FOREIGN_WEIGHTS if mindformers_layout.is_weights_only(path) else FOREIGN
+    return Found(name, step_or_reason, kind, None, st.st_mtime)
 
 
-def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
-    """The global step of a foreign file, or the reason it cannot be known."""
+def foreign_step(path: Path, steps_per_epoch: int | None, *, now: float | None = None) -> int | str | None:
+    """The global step of a foreign file, or the reason it cannot be known; None: not known yet.
+
+    Raises CheckpointUnreadable when a file it must read is not readable by evald's user.
+    """
     match = _MODEL_CHECKPOINT_NAME.match(path.name)
     if match and int(match.group("epoch")) == 1:
         return int(match.group("step"))
-    try:
-        step = _step_from_contents(path)
+    weights_only = mindformers_layout.is_weights_only(path)
+    try:  # MindFormers saves no step in a weights-only file: the full checkpoint of its step has it
+        step = (mindformers_layout.step_of_weights_only(path, _step_from_contents, now=now) if weights_only
+                else _step_from_contents(path))
+    except CheckpointUnreadable:
+        raise
     except CheckpointError as exc:
         return str(exc)
+    if step is mindformers_layout.WAIT:
+        return None
+    if isinstance(step, str) and not steps_per_epoch:  # a weights-only file whose full checkpoint is gone
+        return (f"{path.name}: epoch {match.group('epoch')} step-in-epoch {match.group('step')} cannot be turned "
+                f"into a global step: {step}; pass --foreign-steps-per-epoch")
+    if isinstance(step, str):
+        step = None  # --foreign-steps-per-epoch below
     if step is not None:
         return step if 0 <= step <= MAX_STEP else f"{path.name}: its step_num {step} is out of range"
     if match and steps_per_epoch:
@@ -153,8 +197,18 @@ def foreign_step(path: Path, steps_per_epoch: int | None) -> int | str:
 
 
 def _step_from_contents(path: Path) -> int | None:
+    try:  # cached: a MindFormers full checkpoint is read for its own step and for its weights file's
+        st = path.stat()
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path.name}: deleted while evald was reading it") from exc
+    return _cached_step_from_contents(str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_step_from_contents(path_text: str, _size: int, _mtime_ns: int) -> int | None:
     from evald.weights import load_foreign
 
+    path = Path(path_text)
     try:
         weights = load_foreign(path, choice=lambda name: name in _STEP_KEYS)  # confined, size-checked
     except CheckpointError as exc:

@@ -9,7 +9,8 @@ whose view is not its own contiguous memory, or a checkpoint dtype that must
 be converted) the weights go in with ``Parameter.set_data`` instead.
 
 Names are the network's relative names, from ``network.parameters_and_names()``,
-which are the names the trainer hook writes.
+which are the names the trainer hook writes; a prefix common to every name on one
+side (a wrapper Cell in the model factory adds ``net.``) is fitted by evald.name_fit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from evald import name_fit
 from evald.contracts import layout
 from evald.contracts.manifest import numpy_dtype_of
 
@@ -95,15 +97,16 @@ class NetworkWeights:
         ``valid`` is False until a later load succeeds).
         """
         specs = {p.name: (p.shape, np.dtype(p.dtype)) for p in manifest.params}
-        self.check_fit(specs, complete=True, strict=strict)
-        wanted = {n: v for n, v in (self.destinations() or {}).items()
-                  if n in specs and specs[n][1] == v.dtype}
+        to_net = name_fit.to_network_names(specs, self.specs)  # checkpoint name -> network name
+        self.check_fit({to_net[n]: s for n, s in specs.items()}, complete=True, strict=strict)
+        views = self.destinations() or {}
+        wanted = {n: views[to_net[n]] for n in specs if to_net[n] in views and specs[n][1] == views[to_net[n]].dtype}
         self.valid = False
         arrays = layout.read_checkpoint(step_dir, manifest, into=wanted, threads=threads)
-        rest = {n: a for n, a in arrays.items() if n not in wanted and n in self._params}
+        rest = {to_net[n]: a for n, a in arrays.items() if n not in wanted and to_net[n] in self._params}
         self.assign(rest)
         self.valid = True
-        return {n: ("in place" if n in wanted else "set_data") for n in arrays if n in self._params}
+        return {to_net[n]: ("in place" if n in wanted else "set_data") for n in arrays if to_net[n] in self._params}
 
     def check_fit(self, specs: Mapping[str, tuple], *, complete: bool, strict: bool = True) -> None:
         """NetworkMismatch naming every missing, unexpected or mis-shaped parameter."""
@@ -115,7 +118,8 @@ class NetworkWeights:
                     (("missing parameters", missing), ("unexpected parameters", unexpected),
                      ("shape mismatch", shapes)) if names]
         if problems:
-            raise NetworkMismatch("checkpoint does not fit the evaluation network: " + "; ".join(problems))
+            raise NetworkMismatch("checkpoint does not fit the evaluation network: " + "; ".join(problems)
+                                  + f" ({name_fit.explain(specs, self.specs)})")
 
 
 def _numpy_dtype(param) -> np.dtype | None:

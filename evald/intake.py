@@ -4,22 +4,28 @@ Whatever found an entry (a ZeroMQ notification, a watchdog event, a rescan), the
 entry is judged once (the ledger's ``files`` table remembers it) and one training
 step gets one row, read from the most trustworthy file that carries it
 (evald.checkpoints.PREFERENCE). A new step is admitted or skipped by the lag policy
-in the same transaction that creates its row.
+in the same transaction that creates its row. An entry evald's user may not read
+is kept pending (not judged, not in the ledger) and judged again every UNREADABLE_RECHECK_S
+(a change of permissions makes no inotify event that watchdog reports) and at every rescan.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
-from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Rejected, recognise, step_from_name
+from evald import mindformers_layout
+from evald.checkpoints import FOREIGN_SUFFIXES, PREFERENCE, Found, Pending, Rejected, recognise, step_from_name
 from evald.config import EvaldConfig
 from evald.contracts import layout
 from evald.lag_policy import admit
 from evald.ledger import DELETED, DUPLICATE, QUEUED, REJECTED, Ledger
 
 log = logging.getLogger("evald.intake")
+
+UNREADABLE_RECHECK_S = 5.0
 
 
 class Intake:
@@ -31,10 +37,12 @@ class Intake:
         self.newest_step = max(ledger.step_numbers(), default=0)
         self._judged: set[str] = set()      # names already in the ledger's files table
         self._settling: dict[str, float] = {}  # foreign files still being written: name -> recheck time
+        self._unreadable: dict[str, str] = {}  # entries evald's user may not read: name -> why
+        self._unreadable_due = 0.0
 
     def found(self, name: str, found_via: str, now: float | None = None) -> bool:
         """An entry appeared (or may have): admit what it carries, once. True if it was new."""
-        if name in self._judged or "/" in name:
+        if name in self._judged or not mindformers_layout.is_entry_name(name):
             return False
         key = _ledger_key(name)
         if self.ledger.file_status(key) is not None:
@@ -50,10 +58,18 @@ class Intake:
                 if found_via == "watchdog":  # the kernel saw it appear, so it was committed; now it is gone
                     return self._gone(name, "before evald could read it", needs_step=True)
                 return False  # a notice of a checkpoint that does not exist leaves no row
-            if name.endswith(FOREIGN_SUFFIXES) and not layout.is_temp_name(name):
+            if name.endswith(FOREIGN_SUFFIXES) and not layout.is_temp_name(mindformers_layout.base_name(name)):
                 self._settling[name] = (now or time.time()) + tuning.foreign_settle_s
             return False
         self._settling.pop(name, None)
+        if isinstance(verdict, Pending):
+            if self._unreadable.get(name) != verdict.reason:
+                log.error("%s. It stays pending and is judged as soon as evald may read it (looked at again "
+                          "every %gs)", verdict.reason, UNREADABLE_RECHECK_S)
+            self._unreadable[name] = verdict.reason
+            return False
+        if self._unreadable.pop(name, None) is not None:
+            log.info("%s can be read now", name)
         self._judged.add(name)
         if isinstance(verdict, Rejected):
             self._reject(verdict)
@@ -84,6 +100,10 @@ class Intake:
                     self._gone(name, "while evald waited for it to settle", needs_step=False)
                     continue
                 self.found(name, "rescan", now=now)
+        if self._unreadable and now >= self._unreadable_due:
+            self._unreadable_due = now + UNREADABLE_RECHECK_S
+            for name in list(self._unreadable):
+                self.found(name, "rescan", now=now)
 
     def _gone(self, name: str, when: str, *, needs_step: bool) -> bool:
         """A checkpoint evald saw appear was deleted before it was read (ModelCheckpoint's keep_checkpoint_max,
@@ -102,6 +122,13 @@ class Intake:
     @property
     def settling(self) -> bool:
         return bool(self._settling)
+
+    @property
+    def unreadable(self) -> dict[str, str]:
+        """Entries evald's user may not read (name -> why), forgotten when they disappear."""
+        for name in [n for n in self._unreadable if not os.path.lexists(self.ckpt_dir / n)]:
+            del self._unreadable[name]
+        return dict(self._unreadable)
 
     def _reject(self, verdict: Rejected) -> None:
         status = DUPLICATE if verdict.duplicate else REJECTED

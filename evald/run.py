@@ -32,6 +32,7 @@ from evald.disk_full import retry
 from evald.intake import Intake
 from evald.leases import Leases
 from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
+from evald.mindformers_layout import entry_name
 from evald.pipeline import Pipeline
 from evald.requeue import RetryWatch, requeue_if_config_changed
 from evald.run_dir import LEDGER_FILE
@@ -109,13 +110,16 @@ class Run:
         return False
 
     def _path(self, path: Path, found_via: str) -> bool:
-        if path.parent != self.ckpt_dir:
+        if self.discovery.reach(path):  # a MindFormers directory appeared: look inside at once
+            self._rescan()
+        name = entry_name(self.ckpt_dir, path)
+        if name is None:
             return False
-        if path.name == layout.RUN_FILE:
+        if name == layout.RUN_FILE:
             return self._read_announcement()
-        if path.name == layout.RUN_END_FILE:
+        if name == layout.RUN_END_FILE:
             return self._read_run_end()
-        return self.intake.found(path.name, found_via)
+        return self.intake.found(name, found_via)
 
     def _message(self, message: Message, origin: trust.Source) -> bool:
         ckpt_dir = getattr(message, "ckpt_dir", None)
@@ -243,12 +247,20 @@ class Run:
 
     @property
     def blocked(self) -> bool:
-        """Checkpoints wait but cannot be evaluated (no or broken factories)."""
-        return bool(self.ledger.steps(QUEUED)) and self.pipeline.evaluator is None
+        """Checkpoints wait but cannot be evaluated (no or broken factories, files evald may not read)."""
+        return (bool(self.ledger.steps(QUEUED)) and self.pipeline.evaluator is None) or bool(self.intake.unreadable)
+
+    @property
+    def blocked_reason(self) -> str | None:
+        unreadable = self.intake.unreadable
+        if unreadable:
+            return f"{len(unreadable)} file(s) evald may not read, e.g. {next(iter(unreadable.values()))}"
+        return self.pipeline.blocked_reason
 
     def complete(self) -> bool:
         """The run has finished and every one of its checkpoints has been dealt with."""
-        if self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling:
+        if (self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling
+                or self.intake.unreadable):
             return False
         final = self.ledger.step(self.run_end.final_step)
         if final is not None and final.state in FINAL_STATES:

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from evald import mindformers_layout
+
 IDENTITY_FILE = "evald-run.json"
 LEDGER_FILE = "ledger.sqlite"
 LOCK_FILE = "evald.lock"
@@ -72,13 +74,14 @@ class RunDir:
 
 
 def default_logdir(ckpt_dir: Path) -> Path:
-    """Beside the checkpoint directory, never inside it: ``CKPT_DIR/../tensorboard``."""
-    return Path(ckpt_dir).resolve().parent / DEFAULT_LOGDIR_NAME
+    """Beside the checkpoint directory, never inside it: ``CKPT_DIR/../tensorboard`` (beside a
+    MindFormers output directory for ``OUTPUT/checkpoint_network/rank_0``: not in its tree)."""
+    return mindformers_layout.output_dir_of(Path(ckpt_dir).resolve()).parent / DEFAULT_LOGDIR_NAME
 
 
 def default_run_name(ckpt_dir: Path) -> str:
     """The checkpoint directory's name, or its parent's when the name is generic (runs/exp1/ckpt: exp1)."""
-    path = Path(ckpt_dir).resolve()
+    path = mindformers_layout.output_dir_of(Path(ckpt_dir).resolve())
     name = path.name
     if name.lower() in GENERIC_NAMES and path.parent.name:
         name = path.parent.name

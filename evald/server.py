@@ -196,7 +196,7 @@ class Server:
             return False
         if self.run.blocked:
             log.error("nothing happened for %.0fs and checkpoints are still waiting: %s (--idle-exit-s)", limit,
-                      self.pipeline.blocked_reason)
+                      self.run.blocked_reason)
             self.exit_code = 3
         else:
             log.info("nothing to do for %.0fs: exiting (--idle-exit-s)", limit)

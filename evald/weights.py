@@ -12,9 +12,11 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from evald.checkpoints import FOREIGN, CheckpointDeleted, CheckpointError
+from evald import name_fit
+from evald.checkpoints import FOREIGN_KINDS, CheckpointDeleted, CheckpointError, CheckpointUnreadable
 from evald.confinement import confined, foreign_limit
 from evald.contracts import layout
+from evald.file_access import Unreadable, check_readable
 from evald.hot_swap import NetworkMismatch, NetworkWeights
 
 
@@ -29,9 +31,13 @@ def load_into(weights: NetworkWeights, path: Path, kind: str) -> layout.Manifest
     """
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
-    if kind == FOREIGN:
-        loaded = match_names(load_foreign(path, network_bytes=network_bytes(weights.specs)), weights.specs,
-                             strict=False)
+    if kind in FOREIGN_KINDS:
+        try:
+            arrays = load_foreign(path, network_bytes=network_bytes(weights.specs))
+        except CheckpointUnreadable as exc:  # readable when found (evald.intake checks), not any more
+            raise CheckpointUnreadable(f"{exc}. It could be read when evald found it: fix the permission, "
+                                       f"then put the step back in the queue") from exc
+        loaded = match_names(arrays, weights.specs, strict=False)
         weights.assign(loaded)
         return loaded
     try:
@@ -52,6 +58,10 @@ def load_foreign(path: Path, choice: Callable[[str], bool] | None = None, networ
     import mindspore as ms
 
     fmt = "safetensors" if path.suffix == ".safetensors" else "ckpt"
+    try:  # before MindSpore, whose message for it ("May not have permission") ends in "corrupt" here
+        check_readable(path)
+    except Unreadable as exc:
+        raise CheckpointUnreadable(str(exc)) from exc
     with confined(path.parent, path.name, directory=False, limit=foreign_limit(network_bytes)):
         try:
             params = ms.load_checkpoint(str(path), format=fmt, choice_func=choice)
@@ -71,29 +81,19 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
                 ) -> dict[str, np.ndarray]:
     """Map checkpoint entries onto the network's parameter names, or raise naming every problem.
 
-    ``expected`` is ``{name: (shape, dtype)}``. Names match exactly or through
-    the one dotted prefix that covers the most parameters (the shortest on a
-    tie), never an optimizer moment such as ``adam_m.<prefix>.<name>``. With
-    ``strict`` (evald layout) every entry must match; otherwise (foreign files,
-    which hold optimizer state too) the others are dropped.
+    ``expected`` is ``{name: (shape, dtype)}``. Names match exactly or through a prefix
+    common to every name on one side (evald.name_fit): the checkpoint's (``model.w``
+    under a train cell; never an optimizer moment such as ``adam_m.model.w``) or the
+    network's (``net.w`` when the model factory wraps the model). With ``strict``
+    (evald layout) every entry must match; otherwise (foreign files, which hold
+    optimizer state too) the others are dropped.
     """
-    # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"),
-    # so "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry
-    # let the Adam second moments overwrite the real weight. A network's weights share ONE
-    # prefix (its path in the saved cell: "" for the bare network, "model." under a loss
-    # cell), so choose the prefix that covers the most parameters, the shortest on a tie:
-    # optimizer state always adds its own prefix on top, so the weights' prefix is shorter.
-    by_prefix: dict[str, dict[str, str]] = {}
-    for name in weights:
-        parts = name.split(".")
-        for i in range(len(parts)):
-            suffix = ".".join(parts[i:])
-            if suffix in expected:
-                by_prefix.setdefault(".".join(parts[:i]), {})[suffix] = name
-    best = min(by_prefix, key=lambda prefix: (-len(by_prefix[prefix]), len(prefix)), default=None)
-    chosen = by_prefix.get(best, {}) if best is not None else {}
-    matched = {target: weights[name] for target, name in chosen.items()}
-    unexpected = sorted(set(weights) - set(chosen.values()))
+    # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"), so
+    # "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry let the
+    # Adam second moments overwrite the real weight. name_fit picks ONE pair of prefixes for all names.
+    chosen = name_fit.fit(weights, expected).mapping
+    matched = {target: weights[name] for name, target in chosen.items()}
+    unexpected = sorted(set(weights) - set(chosen))
     missing = sorted(set(expected) - set(matched))
     mismatched = [f"{n}: checkpoint {tuple(a.shape)} vs network {tuple(expected[n][0])}"
                   for n, a in matched.items() if tuple(a.shape) != tuple(expected[n][0])]
@@ -106,7 +106,7 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
         problems.append(f"shape mismatch {_few(mismatched)}")
     if problems:
         raise CheckpointError("checkpoint does not fit the evaluation network: " + "; ".join(problems)
-                              + " (was it saved from another model or model config?)")
+                              + f" ({name_fit.explain(weights, expected)})")
     return matched
 
 

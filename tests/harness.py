@@ -87,10 +87,10 @@ KEPT_NAMESPACES = {"eval": ("evald/", "sample/"), "train": ("health/",)}
 def run_dir(ckpt_dir: Path, logdir: Path | None = None) -> Path:
     """The run directory evald uses for ``ckpt_dir`` (found by its evald-run.json), by default
     in CKPT_DIR/../tensorboard; before evald made it, where it will be."""
-    from evald.run_dir import default_run_name
+    from evald.run_dir import default_logdir, default_run_name
 
     ckpt_dir = Path(ckpt_dir).resolve()
-    logdir = Path(logdir) if logdir else ckpt_dir.parent / "tensorboard"
+    logdir = Path(logdir) if logdir else default_logdir(ckpt_dir)
     for identity in sorted(logdir.glob("*/evald-run.json")):
         try:
             if json.loads(identity.read_text())["ckpt_dir"] == str(ckpt_dir):

@@ -6,12 +6,15 @@
     model.train(epochs, dataset, callbacks=[EvaldCallback(ckpt_dir="runs/exp1/ckpt",
                                                           every_n_steps=100, total_steps=...)])
 
-It reads the step, epoch, loss (and gradient norm, loss scale or overflow when
-the train cell returns them as a tuple ``(loss, grad_norm)`` or
-``(loss, overflow, scale)``) from the run context, and calls
-``run_context.request_stop()`` when evald's stop decision has been agreed on
-by every rank. Every other keyword argument goes to EvaldHook, e.g. the CURVE keys for
-an evald on another host: ``client_key=``, ``server_public_key=`` (or ``EVALD_CLIENT_KEY``,
+It reads the step, epoch, loss (and gradient norm, loss scale, overflow or learning
+rate when the train cell returns them: ``(loss, grad_norm)``, ``(loss, overflow,
+scale)`` or MindFormers' ``(loss, overflow, scale, lr, global_norm)``) from the run
+context, the learning rate the step used, and calls ``run_context.request_stop()``
+when evald's stop decision has been agreed on by every rank. Without ``network=`` it
+snapshots the model found inside the train cell (trainer_hooks.train_cell), and says
+so at the first step when it cannot tell the model's weights from other state.
+Every other keyword argument goes to EvaldHook, e.g. the CURVE keys for an evald on
+another host: ``client_key=``, ``server_public_key=`` (or ``EVALD_CLIENT_KEY``,
 ``EVALD_SERVER_PUBLIC_KEY``; docs/authentication.md).
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 from mindspore.train import Callback
 
 from trainer_hooks.hook import EvaldHook
+from trainer_hooks.train_cell import model_of, optimizer_of, step_learning_rate, step_outputs
 
 log = logging.getLogger("trainer_hooks")
 
@@ -58,21 +62,23 @@ class EvaldCallback(Callback):
         self.batch_size = batch_size
         self.tokens_per_sample = tokens_per_sample
         self._last_step = 0
+        self._model: tuple[int, Any] | None = None  # (id of the train cell, the model inside it)
+        self.weights_warning: str | None = None     # why the snapshots may hold more than the weights
 
     def on_train_step_end(self, run_context) -> None:
         try:
             args = run_context.original_args()
             step = int(args.cur_step_num)
             self._last_step = step
-            loss, grad_norm, overflow, loss_scale = _unpack_outputs(args.get("net_outputs"))
-            optimizer = _optimizer_of(args)
+            out = step_outputs(args.get("net_outputs"))
+            optimizer = optimizer_of(args)
             samples = self.batch_size
             tokens = samples * self.tokens_per_sample if samples and self.tokens_per_sample else None
+            lr = out.learning_rate if out.learning_rate is not None else _step_lr(optimizer)
             stop = self.hook.step_end(
-                step, network=self.hook.network or args.get("train_network") or args.get("network"),
-                optimizer=optimizer, epoch=args.get("cur_epoch_num"), loss=loss,
-                lr=_current_lr(optimizer), grad_norm=grad_norm, loss_scale=loss_scale,
-                overflow=overflow, samples=samples, tokens=tokens,
+                step, network=self._network(args, optimizer), optimizer=optimizer,
+                epoch=args.get("cur_epoch_num"), loss=out.loss, lr=lr, grad_norm=out.grad_norm,
+                loss_scale=out.loss_scale, overflow=out.overflow, samples=samples, tokens=tokens,
             )
             if stop:
                 run_context.request_stop()
@@ -84,38 +90,30 @@ class EvaldCallback(Callback):
         try:
             args = run_context.original_args()
             step = int(args.get("cur_step_num") or self._last_step)
-            self.hook.train_end(step, network=self.hook.network or args.get("train_network") or args.get("network"),
-                                optimizer=_optimizer_of(args), epoch=args.get("cur_epoch_num"))
+            optimizer = optimizer_of(args)
+            self.hook.train_end(step, network=self._network(args, optimizer), optimizer=optimizer,
+                                epoch=args.get("cur_epoch_num"))
         except Exception:
             self.hook.errors += 1
             log.exception("EvaldCallback error at the end of training (ignored)")
 
-
-def _unpack_outputs(outputs: Any) -> tuple[Any, Any, Any, Any]:
-    """(loss, grad_norm, overflow, loss_scale) from what the train cell returned."""
-    if isinstance(outputs, (tuple, list)):
-        if len(outputs) == 2:
-            return outputs[0], outputs[1], None, None
-        if len(outputs) == 3:  # TrainOneStepWithLossScaleCell: (loss, overflow, scale)
-            return outputs[0], None, outputs[1], outputs[2]
-        return (outputs[0] if outputs else None), None, None, None
-    return outputs, None, None, None
-
-
-def _optimizer_of(args: Any) -> Any:
-    """Model(net, loss, optimizer) fills ``optimizer``; Model(train_cell) leaves it None, but a
-    TrainOneStepCell holds its own. Without it the snapshot would include optimizer state."""
-    optimizer = args.get("optimizer")
-    if optimizer is None:
-        optimizer = getattr(args.get("train_network"), "optimizer", None)
-    return optimizer
+    def _network(self, args: Any, optimizer: Any) -> Any:
+        """``network=`` if given, else the model inside the train cell (found once per train cell)."""
+        if self.hook.network is not None:
+            return self.hook.network
+        train_cell = args.get("train_network") or args.get("network")
+        if train_cell is None:
+            return None
+        if self._model is None or self._model[0] != id(train_cell):
+            model, self.weights_warning = model_of(train_cell, optimizer)
+            self._model = (id(train_cell), model)
+            if self.weights_warning:
+                log.warning("%s", self.weights_warning)
+        return self._model[1]
 
 
-def _current_lr(optimizer: Any) -> Any:
-    if optimizer is None:
-        return None
+def _step_lr(optimizer: Any) -> Any:
     try:
-        lr = optimizer.get_lr()
-        return lr
-    except Exception:
+        return step_learning_rate(optimizer)
+    except Exception:  # an exotic schedule: no rate rather than an error in the training loop
         return None

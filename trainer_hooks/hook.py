@@ -33,6 +33,7 @@ from evald.contracts.wire import (
     default_control_endpoint,
     default_endpoint,
 )
+from trainer_hooks.factory_path import default_search_path
 from trainer_hooks.host_copy import host_copy_of_weights
 from trainer_hooks.notifier import Notifier
 from trainer_hooks.retention import Retention
@@ -51,12 +52,12 @@ FactoryLike = str | Mapping[str, Any] | FactorySpec | None
 
 
 def _factory(spec: FactoryLike, what: str) -> FactorySpec | None:
+    """As announced; no ``search_path`` given: where the trainer imports it from (factory_path)."""
     if spec is None or isinstance(spec, FactorySpec):
         return spec
     made = FactorySpec.from_obj(spec, what)
     if made is not None and made.search_path is None:
-        # evald may run from another directory: tell it where the trainer imports from.
-        made = FactorySpec(made.target, made.kwargs, os.getcwd())
+        made = FactorySpec(made.target, made.kwargs, default_search_path(made.target))
     return made
 
 

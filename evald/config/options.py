@@ -71,8 +71,9 @@ class EvaldConfig:
     device: DeviceSpec = opt(None, "device to evaluate on: ID, TARGET:ID (TARGET Ascend, GPU or CPU) or a "
                              "list of IDs; pick one no training rank uses", kind="device",
                              factory=lambda: DeviceSpec("auto", (0,)))
-    ckpt_dir: str | None = opt(None, "checkpoint directory to evaluate; default: the directory the trainer "
-                               "announces first", kind="path", env="EVALD_CKPT_DIR")
+    ckpt_dir: str | None = opt(None, "checkpoint directory to evaluate, or a MindFormers output directory (its "
+                               "checkpoint_network/rank_0 and checkpoint/rank_0 too, docs/mindformers.md); "
+                               "default: the directory the trainer announces first", kind="path", env="EVALD_CKPT_DIR")
     logdir: str | None = opt(None, "TensorBoard log directory, shared by runs; each run has LOGDIR/RUN_NAME "
                              "with its events and evald's state (ledger, summary); default: "
                              "CKPT_DIR/../tensorboard, beside the checkpoint directory, never inside it",
@@ -86,7 +87,8 @@ class EvaldConfig:
                                env="EVALD_ENDPOINT")
     control_endpoint: str | None = opt(None, "ZeroMQ endpoint evald binds for its control state (PUB); "
                                        "default: beside --endpoint", kind="endpoint", env="EVALD_CONTROL_ENDPOINT")
-    app_dir: str | None = opt(None, "directory put first on sys.path before importing the factories",
+    app_dir: str | None = opt(None, "directory put first on sys.path before importing the factories; default: "
+                              "the search path the trainer announces (where it imports them from)",
                               kind="path", env="EVALD_APP_DIR")
     cpu_affinity: str | None = opt(None, "pin evald to these CPU cores, e.g. 1 or 2-3 (set before mindspore "
                                    "starts); with several devices, split evenly between this node's ranks",
@@ -134,7 +136,8 @@ class EvaldConfig:
     every_k: int | None = opt(None, "with --lag-policy every-k: evaluate every k-th checkpoint (default 2)",
                               kind="int", min=1)
     foreign_steps_per_epoch: int | None = opt(None, "steps per epoch, to turn ModelCheckpoint names "
-                                              "PREFIX-E_S.ckpt into global steps", kind="int", min=1)
+                                              "PREFIX-E_S.ckpt into global steps (MindFormers' are found in its "
+                                              "full checkpoints)", kind="int", min=1)
     serve_forever: bool = opt(False, "keep running after the run has finished", kind="bool")
     idle_exit_s: float | None = opt(None, "exit after this many seconds with nothing to do: 0 if all is "
                                     "done, 3 if checkpoints are still waiting (default: never)",
