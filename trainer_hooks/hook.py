@@ -19,7 +19,9 @@ implementation. The promises (DEVELOPERS.md, "training is sacred"):
   written is skipped and counted, never waited for.
 * No method raises into the training loop: every failure is logged, counted
   and training goes on. An absent or dead evald changes nothing.
-* By default only rank 0 writes snapshots (``writer_ranks``).
+* Every rank writes its part of each snapshot (``writer_ranks``, default all:
+  trainer_hooks.partition_plan); the first writer rank also announces the run and
+  sends the training scalars.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from evald.contracts.wire import (
 )
 from trainer_hooks.host_copy import host_copy_of_weights
 from trainer_hooks.notifier import Notifier
+from trainer_hooks.partition_plan import planner, shared_run_id, writer_list
 from trainer_hooks.snapshot_writer import SnapshotJob, SnapshotWriter
 from trainer_hooks.stop_agreement import (
     ControlSubscriber,
@@ -95,7 +98,7 @@ class EvaldHook:
         total_steps: int | None = None,
         endpoint: str | None = None,
         control_endpoint: str | None = None,
-        writer_ranks: Iterable[int] | str = (0,),
+        writer_ranks: Iterable[int] | str = "all",
         rank: int | None = None,
         world_size: int | None = None,
         telemetry_every: int = 10,
@@ -105,6 +108,8 @@ class EvaldHook:
         keep_last: int | None = None,
         final_snapshot_timeout_s: float = 120.0,
         lr_advice_handler: Callable[[Mapping[str, Any]], None] | None = None,
+        holds: Iterable[str] | Callable[[str], bool] | None = None,
+        tensor_layouts: Any = None,
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.network = network
@@ -122,12 +127,13 @@ class EvaldHook:
         detected_rank, detected_world = _detect_rank()
         self.rank = detected_rank if rank is None else rank
         self.world_size = detected_world if world_size is None else world_size
-        self.run_id = run_id or os.environ.get("EVALD_RUN_ID") or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        writers = None if writer_ranks == "all" else set(writer_ranks)  # type: ignore[arg-type]
-        self.is_writer = writers is None or self.rank in writers
-        base_dir = Path(ckpt_dir).resolve()
-        # Extra writer ranks (off by default) write beside rank 0 in their own directory.
-        self.ckpt_dir = base_dir if self.rank == 0 or not self.is_writer else base_dir / f"rank_{self.rank}"
+        self.writers = writer_list(writer_ranks, self.world_size)  # with several, each writes its part
+        self.is_writer = self.rank in self.writers
+        self.is_lead = self.is_writer and self.rank == self.writers[0]  # announces; sends the scalars
+        self.run_id = run_id or os.environ.get("EVALD_RUN_ID") or shared_run_id(
+            reduce_sum, self.rank, self.world_size, self.writers,
+            f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
+        self.ckpt_dir = Path(ckpt_dir).resolve()
         self.endpoint = endpoint or default_endpoint()
         self.control_endpoint = control_endpoint or default_control_endpoint()
 
@@ -144,10 +150,11 @@ class EvaldHook:
                     self.ckpt_dir, self.run_id, on_committed=self._on_committed,
                     producer={"rank": self.rank, "world_size": self.world_size,
                               "host": socket.gethostname(), "pid": os.getpid()},
-                    keep_last=keep_last,
+                    keep_last=keep_last, planner=planner(self.rank, self.writers, holds, tensor_layouts),
                 )
                 if network is not None:
                     self.writer.prepare(network, optimizer)
+            if self.is_lead:
                 announcement = RunAnnounced(
                     run_id=self.run_id, ckpt_dir=str(self.ckpt_dir), task=task,
                     model_factory=_factory(model_factory, "model_factory"),
@@ -157,7 +164,7 @@ class EvaldHook:
                 )
                 layout.remove_run_end(self.ckpt_dir)  # a previous run's end is not this run's
                 layout.write_run_file(self.ckpt_dir, announcement.encode().decode())
-                self.notifier.send(announcement)
+                self.notifier.send(announcement)  # type: ignore[union-attr]
             if obey_stop:
                 if self.world_size > 1 and reduce_sum is None:
                     reduce_sum = mindspore_reduce_sum()
@@ -198,7 +205,7 @@ class EvaldHook:
                   overflow, samples, tokens, extra_scalars, data_offset, seed) -> None:
         scalars = {"loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
                    "loss_scale": loss_scale, "overflow": overflow, **(extra_scalars or {})}
-        if self.notifier is not None:
+        if self.notifier is not None and self.is_lead:
             batch = self.telemetry.record(step, {k: v for k, v in scalars.items() if v is not None},
                                           samples=samples, tokens=tokens)
             if batch:
@@ -281,12 +288,15 @@ class EvaldHook:
             network = network or self.network
             if self.writer is not None:
                 if network is not None and self.last_snapshot_step != final_step:
-                    weights = host_copy_of_weights(network, optimizer or self.optimizer)
+                    weights = host_copy_of_weights(network, optimizer or self.optimizer,
+                                                   self.writer.rows_for(network, optimizer or self.optimizer))
                     if self.writer.submit_final(SnapshotJob(step=final_step, weights=weights, epoch=epoch),
                                                 self.final_snapshot_timeout_s):
                         self.last_snapshot_step = final_step
                 self.writer.close(timeout_s=self.final_snapshot_timeout_s)
-            if self.notifier is not None:
+            if self.notifier is not None and not self.is_lead:
+                self.notifier.close()
+            elif self.notifier is not None:
                 batch = self.telemetry.flush()
                 if batch:
                     self.notifier.send(TrainMetrics(run_id=self.run_id, records=tuple(batch)))

@@ -18,6 +18,7 @@ contract in evald.contracts.layout.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -27,7 +28,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from evald.contracts import layout
+from evald.contracts.partition import PART_DIR_PATTERN, parse_part_dir_name
 from trainer_hooks.host_copy import HostBuffers
+from trainer_hooks.partition_plan import PartitionPlan
 
 log = logging.getLogger("trainer_hooks.snapshot_writer")
 
@@ -59,8 +62,13 @@ class SnapshotWriter:
         orphan_temp_age_s: float | None = 300.0,
         shard_bytes: int = layout.SHARD_BYTES,
         threads: int | None = None,
+        partition: PartitionPlan | None = None,
+        planner: Callable[[Any, Any], PartitionPlan | None] | None = None,
     ) -> None:
         self.ckpt_dir = Path(ckpt_dir)
+        # This rank's part of each snapshot (None: whole snapshots), or how to plan it once the network is known.
+        self.partition = partition
+        self._planner = planner
         self.run_id = run_id
         self.keep_last = keep_last
         self.written = 0
@@ -132,7 +140,7 @@ class SnapshotWriter:
             self._filling = True  # reserved: from here until the job is queued, the buffers are ours
         job = None
         try:
-            ready = self._buffers.copy(network, optimizer)
+            ready = self._buffers.copy(network, optimizer, self.rows_for(network, optimizer))
             job = SnapshotJob(step=step, weights=ready, epoch=epoch, resume=resume or layout.ResumeInfo())
         finally:
             with self._cond:
@@ -180,13 +188,19 @@ class SnapshotWriter:
                 return
             self._allocating = True
         try:
-            self._buffers.allocate(job.network, job.optimizer)
+            self._buffers.allocate(job.network, job.optimizer, self.rows_for(job.network, job.optimizer))
         except Exception as exc:  # the first snapshot allocates instead
             log.warning("host buffers not prepared (%r); the first snapshot allocates them", exc)
         finally:
             with self._cond:
                 self._allocating = False
                 self._cond.notify_all()
+
+    def rows_for(self, network: Any, optimizer: Any = None):
+        """What of ``network`` this rank copies (trainer_hooks.host_copy.Rows); None: every weight."""
+        if self.partition is None and self._planner is not None and network is not None:
+            self.partition = self._planner(network, optimizer)
+        return None if self.partition is None else self.partition.rows
 
     def _run(self) -> None:
         self._allocate()  # before the orphans: a snapshot may be waiting for it
@@ -221,7 +235,8 @@ class SnapshotWriter:
         final = layout.write_checkpoint(
             self.ckpt_dir, job.step, weights, run_id=self.run_id, epoch=job.epoch,
             resume=job.resume, producer=self._producer, shard_bytes=self._shard_bytes,
-            threads=self._threads,
+            threads=self._threads, part=self.partition and self.partition.part,
+            slices=self.partition and self.partition.slices,
         )
         self.written += 1
         manifest = layout.read_manifest(final)
@@ -232,8 +247,16 @@ class SnapshotWriter:
     def _remove_old(self) -> None:
         """Keep the newest ``keep_last`` checkpoints, and never the one evald marked best."""
         protected = layout.read_best_step(self.ckpt_dir)
-        committed = layout.list_committed(self.ckpt_dir)
+        committed = layout.list_committed(self.ckpt_dir) if self.partition is None else self._own_parts()
         for step, path in committed[: max(0, len(committed) - int(self.keep_last or 0))]:
             if step == protected:
                 continue
             shutil.rmtree(path, ignore_errors=True)
+
+    def _own_parts(self) -> list[tuple[int, Path]]:
+        """(step, directory) of this rank's committed parts, by step."""
+        assert self.partition is not None
+        mine = (self.partition.part.index, self.partition.part.count)
+        found = [(parse_part_dir_name(e.name), Path(e.path)) for e in os.scandir(self.ckpt_dir)
+                 if PART_DIR_PATTERN.match(e.name) and (Path(e.path) / layout.MANIFEST_FILE).exists()]
+        return sorted((info[0], path) for info, path in found if info and info[1:] == mine)
