@@ -12,7 +12,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from evald.checkpoints import FOREIGN, CheckpointDeleted, CheckpointError
+from evald.checkpoints import FOREIGN, PARTS, CheckpointDeleted, CheckpointError
 from evald.contracts import layout
 from evald.hot_swap import NetworkMismatch, NetworkWeights
 
@@ -23,7 +23,12 @@ def load_into(weights: NetworkWeights, path: Path, kind: str) -> None:
     evald-layout: the fit is checked from the manifest before a byte is read, then every file is
     read once, verified as it is read, straight into the parameters' memory where it can be.
     Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
+    Parts of a partitioned snapshot (``path`` names them all): evald.assembly.
     """
+    if kind == PARTS:
+        from evald.assembly import load_parts
+
+        return load_parts(weights, path.parent, path.name)
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
     if kind == FOREIGN:

@@ -48,7 +48,8 @@ class _Piece:
     name: str
     nbytes: int
     holders: tuple[int, ...]
-    spec: SliceSpec | None = None       # set for a tensor-parallel slice
+    spec: SliceSpec | None = None       # this rank's tensor-parallel slice, when it is this piece
+    region: tuple = ()                  # which slice of the parameter this piece is (tensor parallel)
 
 
 def writer_list(writer_ranks: Iterable[int] | str, world_size: int) -> tuple[int, ...]:
@@ -73,18 +74,20 @@ def plan_partition(params: Sequence[tuple[str, tuple[int, ...], int]], *, rank: 
         if holds is not None:
             pieces.append((_Piece(name, nbytes, (rank,), _tp_slice(name, shape, layout, rank)), shape))
         elif layout is not None:
-            spec = _tp_slice(name, shape, layout, rank)
-            devices = layout.device_count
-            region = layout.region(_global_shape(shape, layout), rank % devices)
-            holders = tuple(w for w in writers if w // devices == rank // devices
-                            and layout.region(_global_shape(shape, layout), w % devices) == region)
-            pieces.append((_Piece(name, nbytes, holders, spec), shape))
+            # Every distinct slice of the stage, not only this rank's: all its ranks then plan alike.
+            spec, full, devices = _tp_slice(name, shape, layout, rank), _global_shape(shape, layout), layout.device_count
+            stage = tuple(w for w in writers if w // devices == rank // devices)
+            if spec is None:  # not cut: replicated over the stage
+                pieces.append((_Piece(name, nbytes, stage), shape))
+            for region in sorted({layout.region(full, w % devices) for w in stage}) if spec else ():
+                holders = tuple(w for w in stage if layout.region(full, w % devices) == region)
+                pieces.append((_Piece(name, nbytes, holders, spec if spec.region == region else None, region), shape))
         else:
             pieces.append((_Piece(name, nbytes, writers), shape))
     load = {w: 0 for w in writers}
     rows: dict[str, Rows | None] = {}
     slices: dict[str, SliceSpec] = {}
-    for piece, shape in sorted(pieces, key=lambda p: (-p[0].nbytes, p[0].name)):
+    for piece, shape in sorted(pieces, key=lambda p: (-p[0].nbytes, p[0].name, p[0].region)):
         cuts = _cuts(piece, shape, share)
         chosen = sorted(piece.holders, key=lambda w: (load[w], writers.index(w)))[:len(cuts)]
         for writer, (start, stop) in zip(chosen, cuts):
@@ -107,7 +110,7 @@ def plan_partition(params: Sequence[tuple[str, tuple[int, ...], int]], *, rank: 
 def _cuts(piece: _Piece, shape: tuple[int, ...], share: float) -> list[Rows]:
     """One piece, or, for a replicated parameter over half a fair share, row ranges for several writers."""
     whole = [(0, shape[0] if shape else 1)]
-    if piece.spec is not None or len(piece.holders) < 2 or not shape or piece.nbytes <= share / 2:
+    if piece.region or len(piece.holders) < 2 or not shape or piece.nbytes <= share / 2:
         return whole
     count = min(len(piece.holders), shape[0], math.ceil(piece.nbytes / (share / 2)))
     if count < 2:

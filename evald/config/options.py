@@ -38,6 +38,9 @@ class TuningOptions:
                                   "is read", kind="float", min=0.0, max=3600)
     max_attempts: int = opt(3, "evaluations of one checkpoint that may be interrupted (crash, kill, "
                             "unexpected error) before it is marked failed", kind="int", min=1, max=1000000)
+    parts_timeout_s: float = opt(300.0, "seconds the parts of a partitioned snapshot may take to all be "
+                                 "committed after the first one; then the step is recorded as incomplete",
+                                 kind="float", min=0.0, max=86400)
 
 
 @dataclass(frozen=True)
