@@ -81,7 +81,8 @@ def plan_partition(params: Sequence[tuple[str, tuple[int, ...], int]], *, rank: 
                 pieces.append((_Piece(name, nbytes, stage), shape))
             for region in sorted({layout.region(full, w % devices) for w in stage}) if spec else ():
                 holders = tuple(w for w in stage if layout.region(full, w % devices) == region)
-                pieces.append((_Piece(name, nbytes, holders, spec if spec.region == region else None, region), shape))
+                mine = spec if spec.region == region else None
+                pieces.append((_Piece(name, nbytes, holders, mine, region), shape))
         else:
             pieces.append((_Piece(name, nbytes, writers), shape))
     load = {w: 0 for w in writers}
