@@ -57,7 +57,8 @@ def _endpoints(work: Path) -> dict[str, str]:
 def _evald(work: Path, ckpt: Path, name: str, *, endpoint: str = "none", control: str = "none",
            parts_timeout_s: float = 120.0) -> Proc:
     sockets = ["--endpoint", endpoint] + (["--control-endpoint", control] if endpoint != "none" else [])
-    cmd = [PYTHON, "-m", "evald", "--ckpt-dir", str(ckpt), *sockets, "--lag-policy", "all", "--subset-size", "32", "--batch-size", "16", "--generation", '{"prompts": 0}',
+    cmd = [PYTHON, "-m", "evald", "--ckpt-dir", str(ckpt), *sockets, "--lag-policy", "all", "--subset-size", "32",
+           "--batch-size", "16", "--generation", '{"prompts": 0}',
            "--tuning", json.dumps({"rescan_interval_s": 1.0, "parts_timeout_s": parts_timeout_s})]
     env = base_env()
     env.pop("EVALD_RUN_ID", None)

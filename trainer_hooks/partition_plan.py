@@ -75,7 +75,8 @@ def plan_partition(params: Sequence[tuple[str, tuple[int, ...], int]], *, rank: 
             pieces.append((_Piece(name, nbytes, (rank,), _tp_slice(name, shape, layout, rank)), shape))
         elif layout is not None:
             # Every distinct slice of the stage, not only this rank's: all its ranks then plan alike.
-            spec, full, devices = _tp_slice(name, shape, layout, rank), _global_shape(shape, layout), layout.device_count
+            spec, full, devices = _tp_slice(name, shape, layout, rank), _global_shape(shape, layout), \
+                layout.device_count
             stage = tuple(w for w in writers if w // devices == rank // devices)
             if spec is None:  # not cut: replicated over the stage
                 pieces.append((_Piece(name, nbytes, stage), shape))
