@@ -66,7 +66,10 @@ def _worker(args: argparse.Namespace) -> None:
                             obey_stop=False, endpoint=f"ipc://{work}/n.sock", control_endpoint=f"ipc://{work}/c.sock")
              for arm in ("single", "parts")}
     results = []
-    floors = _floors(net, hooks["parts"], rank)
+    for hook in hooks.values():                      # the buffers are prepared on the writer threads
+        while hook.writer is not None and (hook.writer._preparing or hook.writer._allocating):
+            time.sleep(0.01)
+    floors = _floors(net, hooks, rank)
     for rep in range(args.reps + 1):                   # rep 0: warm-up
         order = ("single", "parts", "staggered") if rep % 2 else ("staggered", "parts", "single")
         for arm in floors:                             # np.copyto of the same bytes, the same ranks at once
@@ -107,14 +110,14 @@ def _worker(args: argparse.Namespace) -> None:
     Path(args.out).joinpath(f"rank_{rank}.json").write_text(json.dumps(results))
 
 
-def _floors(net, parts_hook, rank: int) -> dict[str, list]:
-    """Warm destination arrays for a plain np.copyto of what each arm copies (live parameter views)."""
+def _floors(net, hooks: dict, rank: int) -> dict[str, list]:
+    """A plain np.copyto of what each arm copies: the live parameter views into the hook's own warm buffers."""
     views = {name: p.asnumpy() for name, p in net.parameters_and_names()}
-    plan = parts_hook.writer.rows_for(net)
-    single = [(np.zeros_like(v), v) for v in views.values()] if rank == 0 else []
-    parts = [(np.zeros_like(views[n][r[0]:r[1]] if r else views[n]), views[n][r[0]:r[1]] if r else views[n])
-             for n, r in plan.items()]
-    return {"floor-single": single, "floor-parts": parts}
+    plan = hooks["parts"].writer.rows_for(net)
+    single = hooks["single"].writer.buffers.arrays if rank == 0 else {}
+    parts = hooks["parts"].writer.buffers.arrays
+    return {"floor-single": [(single[n], views[n]) for n in single],
+            "floor-parts": [(parts[n], views[n][r[0]:r[1]] if r else views[n]) for n, r in plan.items()]}
 
 
 def _run_size(size: float, args: argparse.Namespace) -> dict:
@@ -132,8 +135,11 @@ def _run_size(size: float, args: argparse.Namespace) -> dict:
            f"--log_dir={work / 'logs'}", "--join=True", "--cluster_time_out=600", str(Path(__file__).resolve()),
            "--as-rank", "--size", str(size), "--reps", str(args.reps), "--dir", str(work), "--out", str(out)]
     try:
-        subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, check=True, timeout=3600,
-                       stdout=subprocess.DEVNULL)
+        job = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, timeout=3600,
+                             stdout=subprocess.DEVNULL)
+        if job.returncode:
+            logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted((work / "logs").glob("*.log")))
+            raise RuntimeError(f"msrun exited {job.returncode} at {size} GB:\n{logs}")
         rows = [r for path in sorted(out.glob("rank_*.json")) for r in json.loads(path.read_text())]
     finally:
         shutil.rmtree(work, ignore_errors=True)
