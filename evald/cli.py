@@ -1,6 +1,8 @@
 """The ``evald`` command: serve a run (the default), or one of the subcommands below.
 
     evald [OPTIONS]              evaluate a run's checkpoints as they appear (evald --help)
+    evald status [...]           a run's state, read-only, safe while evald runs
+    evald retry [STEP ...]       re-queue failed checkpoints (all when none is named)
     evald subset [...]           print the indices of the fixed validation subset
     evald --version
 
@@ -12,17 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from typing import Sequence
 
-from evald import __version__
+from evald import __version__, logs
 from evald.config import (ConfigError, ResolvedConfig, command_line_layer, default_of, environment_layer, flag_of,
                           option_fields, resolve, toml_layer)
 from evald.config.schema import parse_cpus
 
-SUBCOMMANDS = ("subset",)
+SUBCOMMANDS = ("status", "retry", "subset")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="evald",
         description="Asynchronous out-of-process evaluator for MindSpore training. Run it beside the training "
                     "job on a device no training rank uses: `evald --device 7`. Other commands: "
-                    "`evald subset --help`.",
+                    "`evald status`, `evald retry`, `evald subset` (each with --help).",
         epilog="Precedence: command line > environment variable > --config TOML > the trainer's run "
                "announcement > default. Every option is also a TOML key of the same name (underscores); "
                "table options are TOML tables. See docs/configuration.md.")
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = resolved.config
     if config.cpu_affinity:
         os.sched_setaffinity(0, parse_cpus(config.cpu_affinity))  # before mindspore starts its threads
-    logging.basicConfig(level=getattr(logging, config.log_level), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.configure(config.log_level, config.log_format)
     from evald.server import Server
 
     return Server(resolved).serve()

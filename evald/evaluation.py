@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from evald.decisions import Decisions, Outcome
 from evald.lag_policy import decide
 from evald.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
 from evald.pipeline import Evaluated, Failed, Pipeline, Retry
+from evald.requeue import RETRY
 from evald.tasks import EvaluationInterrupted
 
 log = logging.getLogger("evald")
@@ -39,7 +41,7 @@ class Counters:
 class Context:
     """What an evaluation needs to know about the run besides the checkpoint."""
 
-    ckpt_dir: object
+    ckpt_dir: Path
     lag_policy: str
     final_step: int | None
     newest_checkpoint_step: int     # from files in the directory: what a stop step is counted from
@@ -59,9 +61,10 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
     queued = ledger.steps(QUEUED)
     if not queued:
         return None
-    choice = decide(ctx.lag_policy, [row.step for row in queued], final_step=ctx.final_step)
+    choice = decide(ctx.lag_policy, [row.step for row in queued], final_step=ctx.final_step,
+                    keep={row.step for row in queued if row.found_via == RETRY})
     for step, reason in choice.skip:
-        log.info("skipped step %d: %s", step, reason)
+        log.info("skipped step %d: %s", step, reason, extra={"step": step, "state": SKIPPED, "reason": reason})
     if choice.evaluate is None:
         ledger.skip(choice.skip)
         return None
@@ -69,7 +72,7 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
     row = ledger.step(choice.evaluate)
     assert row is not None
     try:
-        result = pipeline.evaluate(ctx.ckpt_dir, row)  # type: ignore[arg-type]
+        result = pipeline.evaluate(ctx.ckpt_dir, row)
     except EvaluationInterrupted:
         ledger.requeue(row.step, "interrupted by a forced shutdown; evaluated again at the next start")
         raise
@@ -111,7 +114,10 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
     log.info("step %d: %s | load %.3fs evaluate %.3fs, %.1fs after commit | lag %d steps, queue %d, "
              "skipped %d, failed %d | %s", row.step, shown, result.load_s, result.evaluate_s,
              scalars["evald/lag_s"], scalars["evald/lag_steps"], queue_depth, scalars["evald/skipped_total"],
-             scalars["evald/failed_total"], texts["evald/decision"])
+             scalars["evald/failed_total"], texts["evald/decision"],
+             extra={"step": row.step, "key": row.source, "state": EVALUATED, "metrics": dict(result.metrics),
+                    "load_s": result.load_s, "evaluate_s": result.evaluate_s, "lag_s": scalars["evald/lag_s"],
+                    "lag_steps": int(scalars["evald/lag_steps"]), "queue_depth": queue_depth})
     if outcome.stop_at_step is not None:
         log.warning("early stop: %s -> training stops at step %d", outcome.reason, outcome.stop_at_step)
     if outcome.advice:
@@ -131,7 +137,8 @@ def _current_step(ctx: Context, step: int) -> int:
 def _commit_failure(ledger: Ledger, row: Step, state: str, reason: str) -> None:
     ledger.finish(row.step, state, reason=reason,
                   record=Record("eval", row.step, time.time(), {}, {f"evald/{state}": f"{row.source}: {reason}"}))
-    log.error("step %d (%s) not evaluated (%s): %s", row.step, row.source, state, reason)
+    log.error("step %d (%s) not evaluated (%s): %s", row.step, row.source, state, reason,
+              extra={"step": row.step, "key": row.source, "state": state, "reason": reason})
 
 
 def _unexpected(ledger: Ledger, ctx: Context, counters: Counters, row: Step, retry: Retry) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from evald.contracts import layout
+from evald.contracts.manifest import numpy_dtype_of
 
 log = logging.getLogger("evald.hot_swap")
 
@@ -118,12 +119,7 @@ class NetworkWeights:
 
 
 def _numpy_dtype(param) -> np.dtype | None:
-    import mindspore as ms
-
-    try:
-        return np.dtype(ms.dtype_to_nptype(param.dtype))
-    except (TypeError, KeyError, ValueError):  # e.g. bfloat16: numpy has no such dtype
-        return None
+    return numpy_dtype_of(param.dtype)  # None e.g. for bfloat16 when numpy has no such dtype
 
 
 def _live_view(param, spec: tuple) -> np.ndarray | None:

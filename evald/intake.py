@@ -61,6 +61,10 @@ class Intake:
             self._admit(verdict, found_via)
         return True
 
+    def forget_judged(self) -> None:
+        """Names forgotten by the ledger (``evald retry``) are judged again when found again."""
+        self._judged.clear()
+
     def recheck_settled(self, now: float | None = None) -> None:
         for unusable in self.parts.expired():
             self._unusable(unusable)
@@ -79,7 +83,8 @@ class Intake:
         fail_step = not verdict.duplicate
         self.ledger.note_file(verdict.name, verdict.step, status, verdict.reason, fail_step=fail_step)
         level = logging.INFO if verdict.duplicate else logging.ERROR
-        log.log(level, "%s %s: %s", "ignored" if verdict.duplicate else "rejected", verdict.name, verdict.reason)
+        log.log(level, "%s %s: %s", "ignored" if verdict.duplicate else "rejected", verdict.name, verdict.reason,
+                extra={"key": verdict.name, "step": verdict.step, "status": status, "reason": verdict.reason})
 
     def _part(self, part: Found, found_via: str) -> None:
         existing = self.ledger.step(part.step)
@@ -120,7 +125,9 @@ class Intake:
                               run_id=found.run_id, commit_time=found.commit_time, skip_reason=reason, also=members)
             self.newest_step = max(self.newest_step, found.step)
             log.info("found step %d in %s via %s%s", found.step, found.name, found_via,
-                     f"; skipped: {reason}" if reason else "")
+                     f"; skipped: {reason}" if reason else "",
+                     extra={"step": found.step, "key": found.name, "found_via": found_via,
+                            "state": "skipped" if reason else QUEUED, "reason": reason})
             return
         if existing.state == QUEUED and found.preference < PREFERENCE.get(existing.kind, 99):
             self.ledger.replace_source(found.step, name=found.name, kind=found.kind, run_id=found.run_id,

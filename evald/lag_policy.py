@@ -4,13 +4,14 @@
 * ``latest``: the newest queued checkpoint; older queued ones are skipped.
 * ``every-k``: every k-th checkpoint in step order (decided on arrival, so the
   choice does not depend on timing); the others are skipped.
-The final checkpoint of a run is always evaluated. Every skip has a reason.
+The final checkpoint of a run is always evaluated, and so are steps re-queued by
+``evald retry`` (``keep``). Every skip has a reason.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 
 @dataclass(frozen=True)
@@ -19,15 +20,16 @@ class Decision:
     skip: tuple[tuple[int, str], ...]    # (step, reason)
 
 
-def decide(policy: str, queued: Sequence[int], *, final_step: int | None = None) -> Decision:
-    """``queued`` are steps already admitted by ``admit``; pick one, skip some."""
+def decide(policy: str, queued: Sequence[int], *, final_step: int | None = None,
+           keep: Collection[int] = ()) -> Decision:
+    """``queued`` are steps already admitted by ``admit``; pick one, skip some (never ``keep``)."""
     if not queued:
         return Decision(None, ())
     ordered = sorted(queued)
     if policy == "latest":
         newest = ordered[-1]
         skip = tuple((step, f"superseded by step {newest} (lag policy latest)")
-                     for step in ordered[:-1] if step != final_step)
+                     for step in ordered[:-1] if step != final_step and step not in keep)
         return Decision(newest, skip)
     return Decision(ordered[0], ())
 

@@ -93,7 +93,9 @@ class Ledger:
                 if statement.strip():
                     db.execute(statement)
             if version == 0:
-                _migrate_v1(db)
+                from evald.ledger_v1 import migrate_v1
+
+                migrate_v1(db)
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -175,12 +177,25 @@ class Ledger:
                        (state, reason, time.time(), json.dumps(dict(metrics)) if metrics else None, step))
             if record is not None:
                 self._outbox(db, record)
-            for key, value in (kv or {}).items():
-                db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+            _put(db, kv)
 
     def requeue(self, step: int, reason: str) -> None:
         with self._transaction() as db:
             db.execute("UPDATE steps SET state=?, reason=? WHERE step=?", (QUEUED, reason, step))
+
+    def requeue_failures(self, steps: Sequence[int], forget_steps: Sequence[int], forget_files: Sequence[str],
+                         reason: str, counter: str | None, kv: Mapping[str, Any] | None = None) -> None:
+        """Failed or deleted ``steps`` back to the queue (found_via retry, attempts reset), ``forget_steps``
+        and ``forget_files`` forgotten (to be judged again), ``counter`` in kv incremented, at once."""
+        with self._transaction() as db:
+            failed = (FAILED, DELETED)
+            db.executemany("UPDATE steps SET state=?, reason=?, found_via='retry', attempts=0, finished_at=NULL"
+                           " WHERE step=? AND state IN (?,?)", [(QUEUED, reason, s, *failed) for s in steps])
+            db.executemany("DELETE FROM steps WHERE step=? AND state IN (?,?)", [(s, *failed) for s in forget_steps])
+            db.executemany("DELETE FROM files WHERE name=?", [(name,) for name in forget_files])
+            if counter:
+                kv = {**(kv or {}), counter: self.get_state(counter, 0) + 1}
+            _put(db, kv)
 
     def recover_interrupted(self, max_attempts: int) -> list[Step]:
         """At start: steps left ``evaluating`` by a crash go back to ``queued``, or fail past max_attempts."""
@@ -203,8 +218,7 @@ class Ledger:
         with self._transaction() as db:
             for record in records:
                 self._outbox(db, record)
-            for key, value in (kv or {}).items():
-                db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+            _put(db, kv)
 
     def mark_written(self, ids: Sequence[int]) -> None:
         with self._transaction() as db:
@@ -212,7 +226,7 @@ class Ledger:
 
     def put_state(self, key: str, value: Any) -> None:
         with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+            _put(db, {key: value})
 
     # ------------------------------------------------------------ reads
 
@@ -265,27 +279,9 @@ class Ledger:
             self._outbox(db, Record("eval", step, now, {}, {"evald/skipped": reason}))
 
 
-def _migrate_v1(db: sqlite3.Connection) -> None:
-    """A ledger of evald 0.1 (one row per file in ``checkpoints``) becomes steps and files."""
-    if not db.execute("SELECT 1 FROM sqlite_master WHERE name='checkpoints'").fetchone():
-        return
-    rank = {EVALUATED: 0, FAILED: 1, DELETED: 1, SKIPPED: 2}
-    rows = db.execute("SELECT key, step, kind, state, reason, source, run_id, commit_time, seen_at, attempts,"
-                      " metrics FROM checkpoints").fetchall()
-    for key, step, kind, state, reason, source, run_id, commit_time, seen_at, attempts, metrics in sorted(
-            rows, key=lambda r: (rank.get(r[3], 3), r[2] != "evald", r[0])):
-        if step < 0:
-            db.execute("INSERT OR IGNORE INTO files VALUES (?,?,?,?,?)", (key, None, REJECTED, reason, seen_at))
-        elif db.execute("SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
-            db.execute("INSERT OR IGNORE INTO files VALUES (?,?,?,?,?)",
-                       (key, step, DUPLICATE, f"step {step} is read from another file", seen_at))
-        else:
-            state = QUEUED if state in ("seen", EVALUATING) else state
-            db.execute("INSERT INTO steps(step, state, source, kind, run_id, commit_time, found_via, reason,"
-                       " attempts, admitted_at, metrics) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                       (step, state, key, kind, run_id, commit_time, source, reason, attempts, seen_at, metrics))
-            db.execute("INSERT OR IGNORE INTO files VALUES (?,?,?,?,?)", (key, step, USED, None, seen_at))
-    db.execute("ALTER TABLE checkpoints RENAME TO checkpoints_v1")
+def _put(db: sqlite3.Connection, kv: Mapping[str, Any] | None) -> None:
+    for key, value in (kv or {}).items():
+        db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
 
 _STEP_COLUMNS = "step, state, source, kind, run_id, commit_time, found_via, reason, attempts, metrics"

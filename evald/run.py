@@ -31,8 +31,11 @@ from evald.decisions import Decisions
 from evald.intake import Intake
 from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
 from evald.pipeline import Pipeline
+from evald.requeue import RetryWatch, requeue_if_config_changed
+from evald.run_dir import LEDGER_FILE
 from evald.run_files import read_announcement, read_run_end
 from evald.sinks.best_pointer import write_best_pointer
+from evald.sinks.summary_text import summary_markdown
 from evald.sinks.tensorboard import TensorBoardSink
 from evald.sources.discovery import RESCAN, WATCHDOG, Discovery
 from evald.sources.receiver import BAD_MESSAGE, ZMQ
@@ -45,18 +48,20 @@ BLOCKED_REMINDER_S = 60.0
 
 
 class Run:
-    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, logdir: Path, *, control: Any, receiver: Any,
+    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, run_dir: Path, *, control: Any, receiver: Any,
                  events: "queue.Queue[tuple[str, Any]]", pipeline: Pipeline) -> None:
         self.operator = resolved              # what the operator configured
         self.resolved = resolved              # ... merged with the trainer's announcement
-        self.ckpt_dir, self.logdir, self.control, self.receiver = ckpt_dir, logdir, control, receiver
+        self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
         self.counters = evaluation.Counters()
-        self.ledger = Ledger(logdir / "ledger.sqlite")
+        self.ledger = Ledger(run_dir / LEDGER_FILE)
         self.ledger.recover_interrupted(self.config.tuning.max_attempts)
         self.decisions = Decisions(self.config)
         self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
-        self.tensorboard = TensorBoardSink(logdir, self.ledger)
+        self.tensorboard = TensorBoardSink(run_dir, self.ledger)
         self.intake = Intake(ckpt_dir, self.ledger, self.config)
+        requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
+        self.retries = RetryWatch(self.ledger)
         self.train = TrainStream(self.ledger, self.decisions)
         self.pipeline = pipeline
         self.announcement: RunAnnounced | None = None
@@ -73,7 +78,7 @@ class Run:
         self._publish()
         self._write_best_pointer()
         log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", ckpt_dir,
-                 self.run_id, logdir)
+                 self.run_id, run_dir)
 
     @property
     def config(self):
@@ -177,15 +182,20 @@ class Run:
             self._last_rescan = now
             self._rescan()
         self.intake.recheck_settled()
+        if self.retries.changed():  # `evald retry` forgot judged files: judge them again
+            self.intake.forget_judged()
+            self._rescan()
         self.tensorboard.drain()
 
     def prepare(self) -> bool:
         """Build the evaluation network if its factories are known; False while it cannot be."""
         was_ready = self.pipeline.evaluator is not None
         ready = self.pipeline.ensure_built(self.config)
+        if ready:
+            requeue_if_config_changed(self.ledger, self.config, network_known=True)
         if ready and not was_ready:
             subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
-            layout.atomic_write_text(self.logdir / "subset.json", subset.to_json())
+            layout.atomic_write_text(self.run_dir / "subset.json", subset.to_json())
         return ready
 
     def work(self) -> bool:
@@ -242,9 +252,9 @@ class Run:
                    "best_step": self.decisions.best_step, "best_value": self.decisions.best_value,
                    "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts()}
         self.decisions.finish(summary)
-        layout.atomic_write_text(self.logdir / "summary.json", json.dumps(summary, indent=1))
+        layout.atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=1))
         self.ledger.add_records([Record("summary", self.run_end.final_step, time.time(), {},
-                                        {"evald/summary": json.dumps(summary)})],
+                                        {"evald/summary": summary_markdown(summary)})],
                                 kv={"decisions": self.decisions.state_dict(),
                                     "summarised": [self.run_id, self.run_end.final_step]})
         self.tensorboard.drain()
@@ -262,7 +272,7 @@ class Run:
         best = self.decisions.best_step
         row = self.ledger.step(best) if best is not None else None
         if row is not None:
-            write_best_pointer(self.logdir, best, row.source, self.config.monitor, self.decisions.best_value)
+            write_best_pointer(self.run_dir, best, row.source, self.config.monitor, self.decisions.best_value)
 
     def close(self) -> None:
         for name, closer in (("watcher", self.discovery.stop), ("events", self.tensorboard.close),

@@ -32,7 +32,9 @@ from evald.contracts.wire import default_control_endpoint, default_endpoint, def
 from evald.evaluation import SystemicFailure
 from evald.locks import InUse, Lock, directory_lock_path, endpoint_lock_path
 from evald.pipeline import Pipeline
+from evald.legacy_layout import migrate_flat_ledger
 from evald.run import Run
+from evald.run_dir import RunDirError, open_run
 from evald.sources.receiver import ZMQ
 from evald.tasks import EvaluationInterrupted
 
@@ -66,7 +68,7 @@ class Server:
         try:
             self.startup()
             self.main_loop()
-        except InUse as exc:
+        except (InUse, RunDirError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
         except (CannotEvaluate, SystemicFailure) as exc:
@@ -110,14 +112,15 @@ class Server:
 
     def attach(self, ckpt_dir: Path) -> None:
         ckpt_dir = ckpt_dir.resolve()
-        logdir = Path(self.config.logdir).resolve() if self.config.logdir else ckpt_dir / "evald"
         how = "give this one another --ckpt-dir"
         self.locks.append(Lock(directory_lock_path(ckpt_dir, default_socket_dir()), f"checkpoint directory "
                                f"{ckpt_dir}", how))
-        logdir.mkdir(parents=True, exist_ok=True)
-        self.locks.append(Lock(logdir / "evald.lock", f"log directory {logdir}", "give this one another --logdir"))
-        self.run = Run(self.resolved, ckpt_dir, logdir, control=self.control, receiver=self.receiver,
+        run = open_run(ckpt_dir, self.config.logdir and Path(self.config.logdir), self.config.run_name)
+        self.locks.append(Lock(run.lock, f"run directory {run.path}", "give this one another --logdir"))
+        migrate_flat_ledger(run)
+        self.run = Run(self.resolved, ckpt_dir, run.path, control=self.control, receiver=self.receiver,
                        events=self.events, pipeline=self.pipeline)
+        log.info("TensorBoard run %r in %s: view it with  tensorboard --logdir %s", run.name, run.logdir, run.logdir)
         self.run.prepare()
 
     def _should_abort(self) -> bool:

@@ -61,9 +61,15 @@ def main() -> int:
     for line in (out / "evald.log").read_text(errors="replace").splitlines():
         if " step " in line and "loss=" in line:
             print("   ", line.split(" INFO ", 1)[-1])
-    logdir = out / "ckpt" / "evald"
-    print(f"\n[demo] TensorBoard events are in {logdir}")
+    from evald.run_dir import default_logdir, find_run
+
+    ckpt = out / "ckpt"
+    logdir = default_logdir(ckpt)  # beside the checkpoint directory; several runs can share it
+    run = find_run(ckpt, logdir)
+    where = f" (run {run.name!r}: {run.name}/train and {run.name}/eval, loss on one chart)" if run else ""
+    print(f"\n[demo] TensorBoard events are in {logdir}{where}")
     print(f"[demo] view them with:  .venv/bin/tensorboard --logdir {logdir} --host 127.0.0.1")
+    print(f"[demo] the run's state:  .venv/bin/evald status --ckpt-dir {ckpt}")
     return trainer.returncode or evald_rc
 
 

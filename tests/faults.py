@@ -49,7 +49,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from evald.contracts import layout, wire  # noqa: E402
-from tests.harness import PYTHON, Proc, base_env, start_evald  # noqa: E402
+from tests.harness import PYTHON, Proc, base_env, event_files, ledger_tag, run_dir, start_evald  # noqa: E402
 
 SEQ_LEN = 64
 MODEL_FACTORY = wire.FactorySpec("examples.tiny_lm.model:build_model", {"seq_len": SEQ_LEN}, str(REPO))
@@ -152,7 +152,8 @@ def start(tmp: Path, ckpt_dir: Path | None, *args: str, env: dict[str, str] | No
 
 
 def ledger_path(ckpt_dir: Path, logdir: Path | None = None) -> Path:
-    return Path(logdir) / "ledger.sqlite" if logdir else Path(ckpt_dir) / layout.EVALD_SUBDIR / "ledger.sqlite"
+    """The ledger of ``ckpt_dir``'s run in ``logdir`` (evald's --logdir; default CKPT_DIR/../tensorboard)."""
+    return run_dir(ckpt_dir, logdir) / "ledger.sqlite"
 
 
 def ledger_rows(ckpt_dir: Path, logdir: Path | None = None) -> list[dict[str, Any]]:
@@ -197,18 +198,18 @@ def ledger_states(ckpt_dir: Path, logdir: Path | None = None) -> dict[str, int]:
     return counts
 
 
-def tb_texts(logdir: Path, prefix: str = "evald/") -> list[tuple[int, str, str]]:
-    """(step, tag, text) of every text summary whose tag starts with ``prefix``, read raw."""
+def tb_texts(run: Path, prefix: str = "evald/") -> list[tuple[int, str, str]]:
+    """(step, ledger tag, text) of every text summary of a run directory whose tag starts with ``prefix``, read raw."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto import event_pb2
 
     found = []
-    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+    for sub_run, path in event_files(run):
         for raw in RawEventFileLoader(str(path)).Load():
             event = event_pb2.Event.FromString(raw)
             for value in event.summary.value:
-                if value.tag.startswith(prefix) and value.HasField("tensor") and value.tensor.string_val:
-                    tag = value.tag.removesuffix("/text_summary")
+                tag = ledger_tag(sub_run, value.tag.removesuffix("/text_summary"))
+                if tag.startswith(prefix) and value.HasField("tensor") and value.tensor.string_val:
                     found.append((event.step, tag, value.tensor.string_val[0].decode("utf-8", "replace")))
     return found
 
@@ -239,12 +240,18 @@ def event_file_records(path: Path) -> tuple[int, int]:
     return records, len(data) - offset
 
 
-def scalar_tags(logdir: Path) -> list[str]:
+def scalar_tags(run: Path) -> list[str]:
+    """The ledger names of every scalar tag of a run directory (both sub-runs), via EventAccumulator."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return sorted(acc.Tags().get("scalars", []))
+    tags = set()
+    for sub_run in ("eval", "train"):
+        if not (Path(run) / sub_run).is_dir():
+            continue
+        acc = EventAccumulator(str(Path(run) / sub_run), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        tags.update(ledger_tag(sub_run, tag) for tag in acc.Tags().get("scalars", []))
+    return sorted(tags)
 
 
 def rss_kb(pid: int) -> int:

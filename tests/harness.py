@@ -74,38 +74,90 @@ def start_evald(tmp: Path, env: dict[str, str], args: Sequence[str] = (), name: 
     return Proc(cmd, base_env(env), tmp / f"{name}.log")
 
 
-def scalar_points(logdir: Path, tag: str) -> list[tuple[int, float, float]]:
-    """(step, wall_time, value) for ``tag``, read with TensorBoard's own EventAccumulator."""
+# ---------------------------------------------------------------- where evald writes (docs/architecture.md)
+# A run directory LOGDIR/RUN_NAME holds evald's state (ledger.sqlite, summary.json, ...) and one
+# TensorBoard sub-run per stream, train/ and eval/, where a tag loses its stream's prefix
+# (eval/loss is written as "loss" in eval/). The helpers below take a run directory and the
+# ledger's tag names (eval/loss, train/loss, evald/..., health/..., sample/...) and read the
+# sub-run that holds them, so a test states what it expects in evald's own terms.
+
+KEPT_NAMESPACES = {"eval": ("evald/", "sample/"), "train": ("health/",)}
+
+
+def run_dir(ckpt_dir: Path, logdir: Path | None = None) -> Path:
+    """The run directory evald uses for ``ckpt_dir`` (found by its evald-run.json), by default
+    in CKPT_DIR/../tensorboard; before evald made it, where it will be."""
+    from evald.run_dir import default_run_name
+
+    ckpt_dir = Path(ckpt_dir).resolve()
+    logdir = Path(logdir) if logdir else ckpt_dir.parent / "tensorboard"
+    for identity in sorted(logdir.glob("*/evald-run.json")):
+        try:
+            if json.loads(identity.read_text())["ckpt_dir"] == str(ckpt_dir):
+                return identity.parent
+        except (OSError, ValueError, KeyError):
+            continue
+    return logdir / default_run_name(ckpt_dir)
+
+
+def sub_run_of(tag: str) -> tuple[str, str]:
+    """(sub-run, tag as written there) of a ledger tag: eval/loss -> (eval, loss)."""
+    for stream in ("eval", "train"):
+        if tag.startswith(stream + "/"):
+            return stream, tag[len(stream) + 1:]
+    return ("train" if tag.startswith("health/") else "eval"), tag
+
+
+def ledger_tag(sub_run: str, tag: str) -> str:
+    """The inverse of sub_run_of: the ledger's name of ``tag`` read in ``sub_run``."""
+    if sub_run not in KEPT_NAMESPACES or tag.startswith(KEPT_NAMESPACES[sub_run]):
+        return tag
+    return f"{sub_run}/{tag}"
+
+
+def event_files(run: Path) -> list[tuple[str, Path]]:
+    """(sub-run, path) of every event file in a run directory."""
+    return [(path.parent.name, path) for path in sorted(Path(run).glob("*/events.out.tfevents.*"))]
+
+
+def scalar_points(run: Path, tag: str) -> list[tuple[int, float, float]]:
+    """(step, wall_time, value) for the ledger tag ``tag``, read with TensorBoard's own EventAccumulator."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    if tag not in acc.Tags().get("scalars", []):
+    sub_run, shown = sub_run_of(tag)
+    if not (Path(run) / sub_run).is_dir():
         return []
-    return [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+    acc = EventAccumulator(str(Path(run) / sub_run), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    if shown not in acc.Tags().get("scalars", []):
+        return []
+    return [(e.step, e.wall_time, e.value) for e in acc.Scalars(shown)]
 
 
-def text_events(logdir: Path, tag: str) -> list[tuple[int, str]]:
+def text_events(run: Path, tag: str) -> list[tuple[int, str]]:
     """(step, text) of a tensorboardX text summary (tag + "/text_summary"), via EventAccumulator."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0})
-    acc.Reload()
-    if tag not in acc.Tags().get("tensors", []):
+    sub_run, shown = sub_run_of(tag)
+    if not (Path(run) / sub_run).is_dir():
         return []
-    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(tag)]
+    acc = EventAccumulator(str(Path(run) / sub_run), size_guidance={"tensors": 0})
+    acc.Reload()
+    if shown not in acc.Tags().get("tensors", []):
+        return []
+    return [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(shown)]
 
 
-def raw_scalar_steps(logdir: Path, tag: str) -> list[int]:
+def raw_scalar_steps(run: Path, tag: str) -> list[int]:
     """Every step at which ``tag`` occurs in any event file, read raw (purge logic cannot hide duplicates)."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto import event_pb2
 
     steps = []
-    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+    for sub_run, path in event_files(run):
         for raw in RawEventFileLoader(str(path)).Load():
             event = event_pb2.Event.FromString(raw)
-            if any(v.tag == tag for v in event.summary.value):
+            if any(ledger_tag(sub_run, v.tag) == tag for v in event.summary.value):
                 steps.append(event.step)
     return sorted(steps)
 

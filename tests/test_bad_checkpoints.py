@@ -14,7 +14,7 @@ import shutil
 
 from evald.contracts import layout
 from tests import faults
-from tests.harness import raw_scalar_steps, scalar_points, wait_for
+from tests.harness import raw_scalar_steps, run_dir, scalar_points, wait_for
 
 # key -> (expected state, words the reason must contain)
 EXPECTED = {
@@ -79,7 +79,7 @@ def test_bad_checkpoints_are_recorded_and_evald_goes_on(tmp_path, procs):
 
     rows = faults.ledger_by_key(ckpt)
     assert sorted(rows) == sorted(EXPECTED)
-    texts = faults.tb_texts(ckpt / "evald", "evald/")
+    texts = faults.tb_texts(run_dir(ckpt), "evald/")
     for key, (state, words) in EXPECTED.items():
         row = rows[key]
         assert row["state"] == state, (key, row)
@@ -91,8 +91,8 @@ def test_bad_checkpoints_are_recorded_and_evald_goes_on(tmp_path, procs):
         [text] = [t for _, tag, t in texts if tag == f"evald/{state}" and t.startswith(f"{key}: ")]
         assert row["reason"] in text
     # the good ones after all of that were evaluated, once
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == [90, 95]
-    assert [s for s, _, _ in scalar_points(ckpt / "evald", "eval/loss")] == [90, 95]
-    failed_total = [v for _, _, v in scalar_points(ckpt / "evald", "evald/failed_total")]
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [90, 95]
+    assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [90, 95]
+    failed_total = [v for _, _, v in scalar_points(run_dir(ckpt), "evald/failed_total")]
     assert failed_total[-1] == sum(state != "evaluated" for state, _ in EXPECTED.values())
     assert "Traceback" not in log

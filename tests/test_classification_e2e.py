@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from evald.contracts import layout, wire
-from tests.harness import REPO, scalar_points, start_evald
+from tests.harness import REPO, run_dir, scalar_points, start_evald
 
 
 def test_classification_metrics_match_sklearn(tmp_path, endpoints, procs):
@@ -51,6 +51,6 @@ def test_classification_metrics_match_sklearn(tmp_path, endpoints, procs):
         "eval/MeanAbsoluteLogit": float(np.abs(logits).mean()),
     }
     for tag, value in expected.items():
-        [(step, _, reported)] = scalar_points(ckpt / "evald", tag)
+        [(step, _, reported)] = scalar_points(run_dir(ckpt), tag)
         assert step == 7
         assert reported == pytest.approx(value, rel=1e-5), tag

@@ -10,12 +10,12 @@ import sqlite3
 import pytest
 
 from evald.contracts import layout
-from tests.harness import committed_steps, hook_stats, start_evald, start_trainer
+from tests.harness import committed_steps, hook_stats, run_dir, start_evald, start_trainer
 
 
 def decisions_state(ckpt):
     """The decision state evald committed with its last evaluation."""
-    db = sqlite3.connect(ckpt / "evald" / "ledger.sqlite")
+    db = sqlite3.connect(run_dir(ckpt) / "ledger.sqlite")
     row = db.execute("SELECT value FROM kv WHERE key='decisions'").fetchone()
     db.close()
     return json.loads(row[0]) if row else None
@@ -39,10 +39,11 @@ def test_patience_stops_training_at_the_announced_step(tmp_path, endpoints, proc
     assert stopped and int(stopped.group(1)) == announced, trainer.output()[-2000:]
     assert announced < 400
     assert committed_steps(ckpt)[-1] == announced  # the final lightweight checkpoint
-    summary = json.loads((ckpt / "evald" / "summary.json").read_text())
+    summary = json.loads((run_dir(ckpt) / "summary.json").read_text())
     assert summary["stopped_early"] and summary["final_step"] == announced
     assert "patience 1 exhausted" in summary["training_end_reason"]
-    assert summary["best_step"] == 10 and layout.read_best_step(ckpt) == 10
+    assert summary["best_step"] == 10
+    assert json.loads((run_dir(ckpt) / "best.json").read_text())["step"] == 10  # in the run directory
 
 
 def test_restarted_evald_continues_the_patience_count(tmp_path, endpoints, procs):

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, scalar_points, start_evald,
+from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, run_dir, scalar_points, start_evald,
                            start_trainer, text_events)
 
 
@@ -26,9 +26,9 @@ def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
 
     committed = committed_steps(ckpt)
     assert committed == [20, 40, 60]
-    points = scalar_points(ckpt / "evald", "eval/loss")
+    points = scalar_points(run_dir(ckpt), "eval/loss")
     assert [step for step, _, _ in points] == committed  # exactly one point per checkpoint
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == committed
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == committed
     assert all(math.isfinite(value) for _, _, value in points)
     # walltime is the checkpoint's commit time, not the time evald got to it
     from evald.contracts.layout import read_manifest, step_dir_name
@@ -40,11 +40,11 @@ def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
                 "train/step_time_s", "train/samples_per_s", "train/tokens_per_s", "train/eta_s",
                 "evald/load_s", "evald/evaluate_s",
                 "evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total"):
-        assert scalar_points(ckpt / "evald", tag), f"{tag} missing"
+        assert scalar_points(run_dir(ckpt), tag), f"{tag} missing"
     for mode in ("greedy", "sampled"):  # a few generated samples as text at every evaluation
-        samples = text_events(ckpt / "evald", f"sample/{mode}/text_summary")
+        samples = text_events(run_dir(ckpt), f"sample/{mode}/text_summary")
         assert [step for step, _ in samples] == committed and all("->" in text for _, text in samples)
-    summary = json.loads((ckpt / "evald" / "summary.json").read_text())
+    summary = json.loads((run_dir(ckpt) / "summary.json").read_text())
     assert summary["final_step"] == 60 and summary["checkpoints"] == {"evaluated": 3}
 
 
@@ -59,7 +59,7 @@ def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_pat
                                               "--idle-exit-s", "2", "--endpoint", "none"])
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
-    assert [s for s, _, _ in scalar_points(ckpt / "evald", "eval/loss")] == [10, 20]
+    assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [10, 20]
 
 
 def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
@@ -71,15 +71,15 @@ def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
                         cpu=None)
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
-    [(step, _, reported)] = scalar_points(ckpt / "evald", "eval/loss")
+    [(step, _, reported)] = scalar_points(run_dir(ckpt), "eval/loss")
 
     # Which samples evald used, the documented way: `evald subset --logdir LOGDIR`.
-    shown = subprocess.run([sys.executable, "-m", "evald", "subset", "--logdir", str(ckpt / "evald")],
+    shown = subprocess.run([sys.executable, "-m", "evald", "subset", "--logdir", str(run_dir(ckpt))],
                            capture_output=True, text=True, check=True, cwd=REPO)
     indices = [int(line) for line in shown.stdout.split()]
-    recorded = json.loads((ckpt / "evald" / "subset.json").read_text())
+    recorded = json.loads((run_dir(ckpt) / "subset.json").read_text())
     assert len(indices) == 64 and indices == recorded["indices"] and recorded["sha256"] in shown.stderr
-    [(_, text)] = text_events(ckpt / "evald", "evald/subset/text_summary")
+    [(_, text)] = text_events(run_dir(ckpt), "evald/subset/text_summary")
     assert recorded["sha256"][:12] in text  # the hash is in TensorBoard beside every point
     reference = in_process_loss(ckpt, step, indices)
     assert abs(reported - reference) / reference < 1e-5, (reported, reference)

@@ -20,7 +20,7 @@ import pytest
 
 from evald.contracts import layout
 from tests import faults
-from tests.harness import PYTHON, Proc, base_env, raw_scalar_steps, scalar_points, wait_for
+from tests.harness import PYTHON, Proc, base_env, raw_scalar_steps, run_dir, scalar_points, wait_for
 
 
 def _losses(logdir: Path) -> dict[int, float]:
@@ -60,7 +60,7 @@ def test_model_checkpoint_files_written_during_training_are_evaluated(tmp_path, 
     assert [foreign[n]["step"] for n in names] == [3, 6, 9, 12]
     assert all(r["state"] == "evaluated" and r["source"] in ("watchdog", "rescan") for r in foreign.values())
     assert sorted(k for k in rows if k not in foreign) == [layout.step_dir_name(s) for s in (1003, 1006, 1009, 1012)]
-    losses = _losses(ckpt / "evald")
+    losses = _losses(run_dir(ckpt))
     for step in (3, 6, 9, 12):  # the network's weights, not the Adam moments saved beside them
         assert losses[step] == pytest.approx(losses[1000 + step], rel=1e-5), (step, losses)
     # trained weights: far below a uniform guess (what the Adam moments gave: exactly ln 256)
@@ -113,7 +113,7 @@ def test_foreign_step_rules_and_a_slow_in_place_writer(tmp_path, procs):
     # never read half-written: found only once it had kept still for tuning.foreign_settle_s
     assert rows["slow-1_20.ckpt"]["seen_at"] >= completed + settle - 0.1
     assert "cannot read" not in first.output()
-    losses = _losses(ckpt / "evald")
+    losses = _losses(run_dir(ckpt))
     assert losses[12] == pytest.approx(losses[1012], rel=1e-5)  # weights picked out of the optimizer state
     assert losses[20] == pytest.approx(losses[1020], rel=1e-5)  # the slow file, read whole
 
@@ -157,7 +157,7 @@ def test_model_checkpoint_beside_evald_callback_gives_one_point_per_step(tmp_pat
     assert evald.wait(180) == 0, evald.output()[-3000:]
     assert sorted(p.name for p in ckpt.glob("tinylm-1_*.ckpt")) == ["tinylm-1_20.ckpt", "tinylm-1_40.ckpt",
                                                                      "tinylm-1_60.ckpt"]
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == [20, 40, 60]
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [20, 40, 60]
     rows = faults.ledger_rows(ckpt)
     assert [(r["step"], r["key"], r["state"]) for r in rows] == [
         (s, layout.step_dir_name(s), "evaluated") for s in (20, 40, 60)]

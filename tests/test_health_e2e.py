@@ -9,7 +9,7 @@ import zmq
 
 from evald.contracts import wire
 from tests import faults
-from tests.harness import start_evald, text_events, wait_for
+from tests.harness import run_dir, start_evald, text_events, wait_for
 
 
 def test_alerts_fire_once_per_episode_and_healthy_signals_stay_quiet(tmp_path, endpoints, procs):
@@ -36,7 +36,7 @@ def test_alerts_fire_once_per_episode_and_healthy_signals_stay_quiet(tmp_path, e
     push.close()
     assert evald.wait(120) == 0, evald.output()[-3000:]
 
-    logdir = ckpt / "evald"
+    logdir = run_dir(ckpt)
     assert [s for s, _ in text_events(logdir, "health/grad_explosion/text_summary")] == [20, 60]
     [(step, message)] = text_events(logdir, "health/nonfinite_loss/text_summary")
     assert step == 80 and "step 80" in message

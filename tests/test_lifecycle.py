@@ -13,7 +13,7 @@ import time
 
 from evald.contracts import layout, wire
 from tests import faults
-from tests.harness import raw_scalar_steps, scalar_points, start_evald, start_trainer, wait_for
+from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, start_trainer, wait_for
 
 # The whole validation set in batches of 8: an evaluation lasts seconds, so a signal lands in one.
 SLOW = ("--subset-size", "100000", "--batch-size", "8")
@@ -46,10 +46,10 @@ def test_sigterm_finishes_the_current_evaluation_and_exits_0(tmp_path, procs):
     row = faults.ledger_by_key(ckpt)[layout.step_dir_name(20)]
     assert row["finished_at"] > signalled
     # every point written before the signal is readable, by both readers, once
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == [10, 20]
-    assert [s for s, _, _ in scalar_points(ckpt / "evald", "eval/loss")] == [10, 20]
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [10, 20]
+    assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [10, 20]
     # the writer was closed: its file ends on a whole, CRC-checked record
-    [events] = list((ckpt / "evald").glob("events.out.tfevents.*"))
+    [events] = list((run_dir(ckpt) / "eval").glob("events.out.tfevents.*"))  # the eval sub-run
     records, trailing = faults.event_file_records(events)
     assert records >= 3 and trailing == 0
 
@@ -71,7 +71,7 @@ def test_second_signal_abandons_the_evaluation_and_a_restart_redoes_it(tmp_path,
     assert "forced exit: the evaluation under way was abandoned" in log and "evald stopped" in log
     row = faults.ledger_by_key(ckpt)[layout.step_dir_name(10)]
     assert row["state"] == "queued" and "interrupted by a forced shutdown" in row["reason"], row
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == []
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == []
     assert exit_s < 10, exit_s
 
     again = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--idle-exit-s", "2", name="evald2")
@@ -79,7 +79,7 @@ def test_second_signal_abandons_the_evaluation_and_a_restart_redoes_it(tmp_path,
     assert again.wait(180) == 0, again.output()[-3000:]
     assert _steps(ckpt, "evaluated") == [10]
     assert faults.ledger_by_key(ckpt)[layout.step_dir_name(10)]["attempts"] == 2
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == [10]
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [10]
 
 
 def _finish_run(tmp_path, endpoints, procs, *extra):
@@ -102,23 +102,23 @@ def test_run_finished_message_evaluates_the_final_checkpoint_and_exits_0(tmp_pat
     ckpt, evald = _finish_run(tmp_path, endpoints, procs)  # default lag policy: latest
     assert evald.wait(180) == 0, evald.output()[-3000:]
     assert _steps(ckpt, "evaluated") == [20] and _steps(ckpt, "skipped") == [10]
-    summary = json.loads((ckpt / "evald" / "summary.json").read_text())
+    summary = json.loads((run_dir(ckpt) / "summary.json").read_text())
     assert summary["final_step"] == 20 and summary["checkpoints"] == {"evaluated": 1, "skipped": 1}
-    assert [s for s, tag, _ in faults.tb_texts(ckpt / "evald") if tag == "evald/summary"] == [20]
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == [20]
+    assert [s for s, tag, _ in faults.tb_texts(run_dir(ckpt)) if tag == "evald/summary"] == [20]
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [20]
     assert "run faults finished at step 20" in evald.output()
 
 
 def test_serve_forever_keeps_running_after_run_finished_until_sigterm(tmp_path, endpoints, procs):
     ckpt, evald = _finish_run(tmp_path, endpoints, procs, "--serve-forever")
-    wait_for(lambda: (ckpt / "evald" / "summary.json").exists(), 180, "the run summary")
+    wait_for(lambda: (run_dir(ckpt) / "summary.json").exists(), 180, "the run summary")
     time.sleep(3)
     assert evald.popen.poll() is None, evald.output()[-3000:]
     evald.signal(signal.SIGTERM)
     assert evald.wait(60) == 0, evald.output()[-3000:]
     assert _steps(ckpt, "evaluated") == [20]
     # the run was summarised once, not on every turn of the loop while serving on
-    assert [s for s, tag, _ in faults.tb_texts(ckpt / "evald") if tag == "evald/summary"] == [20]
+    assert [s for s, tag, _ in faults.tb_texts(run_dir(ckpt)) if tag == "evald/summary"] == [20]
     assert evald.output().count("run complete:") == 1
 
 
@@ -149,7 +149,7 @@ def test_an_evald_that_missed_the_end_of_the_run_finishes_it_and_exits_0(tmp_pat
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all"])  # no idle exit
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
-    summary = json.loads((ckpt / "evald" / "summary.json").read_text())
+    summary = json.loads((run_dir(ckpt) / "summary.json").read_text())
     assert summary["final_step"] == 30 and summary["checkpoints"] == {"evaluated": 3}
     assert f"learned from {ckpt / layout.RUN_END_FILE}" in evald.output()
 
@@ -197,6 +197,6 @@ def test_a_run_finished_message_without_the_trainers_record_ends_nothing(tmp_pat
     wait_for(lambda: _steps(ckpt, "evaluated") == [10], 180, "step 10 evaluated")
     faults.push(endpoints["EVALD_ENDPOINT"], [wire.RunFinished(run_id="faults", ckpt_dir=str(ckpt), final_step=10)])
     time.sleep(3)
-    assert evald.popen.poll() is None and not (ckpt / "evald" / "summary.json").exists()
+    assert evald.popen.poll() is None and not (run_dir(ckpt) / "summary.json").exists()
     evald.signal(signal.SIGTERM)
     assert evald.wait(60) == 0

@@ -22,8 +22,8 @@ import pytest
 from evald.sources import mounts
 from evald.contracts import layout
 from tests import faults
-from tests.harness import (Proc, base_env, committed_steps, hook_stats, raw_scalar_steps, scalar_points,
-                           start_trainer, wait_for, PYTHON)
+from tests.harness import (PYTHON, Proc, base_env, committed_steps, hook_stats, raw_scalar_steps, run_dir,
+                           scalar_points, start_trainer, wait_for)
 
 EVALD_TAGS = ("evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total",
               "evald/failed_total")
@@ -83,7 +83,7 @@ def test_checkpoint_from_zmq_watchdog_rescan_and_restart_is_evaluated_once(tmp_p
     assert rows[layout.step_dir_name(10)]["source"] == "rescan"
     assert rows[layout.step_dir_name(20)]["source"] == "zmq"
     assert all(r["state"] == "evaluated" and r["attempts"] == 1 for r in rows.values()), rows
-    _one_point_per_step(ckpt / "evald", [10, 20])
+    _one_point_per_step(run_dir(ckpt), [10, 20])
     first, second = evald.output(), again.output()
     assert first.count("found step 20 in step_000000020") == 1
     assert "found step" not in second and "step 10:" not in second and "step 20:" not in second
@@ -115,7 +115,7 @@ def test_lag_policy_on_a_burst(tmp_path, procs, policy, args, evaluated):
     assert len(skipped) == len(steps) - len(evaluated)
     assert all(r["reason"] and policy in r["reason"] for r in skipped), skipped
     assert all(r["seen_at"] and r["finished_at"] >= r["seen_at"] for r in rows)
-    logdir = ckpt / "evald"
+    logdir = run_dir(ckpt)
     _one_point_per_step(logdir, evaluated)
     tags = faults.scalar_tags(logdir)
     assert set(EVALD_TAGS) <= set(tags), tags
@@ -197,19 +197,19 @@ def _kill_evald_repeatedly(tmp_path: Path, procs: list, *, checkpoints: int, kil
     assert committed == steps
     rows = faults.ledger_rows(ckpt)
     lost = sorted(set(committed) - set(_evaluated(ckpt)))
-    raw = raw_scalar_steps(ckpt / "evald", "eval/loss")
+    raw = raw_scalar_steps(run_dir(ckpt), "eval/loss")
     duplicated = sorted({s for s in raw if raw.count(s) > 1})
     figures = dict(checkpoints=len(committed), kills=kills, kill_phases=phases, lost=len(lost),
                    duplicated=len(duplicated), ledger_rows=len(rows), event_files=len(list(
-                       (ckpt / "evald").glob("events.out.tfevents.*"))),
+                       (run_dir(ckpt) / "eval").glob("events.out.tfevents.*"))),
                    recovered_from_events=sum("recovered from TensorBoard" in (r["reason"] or "") for r in rows),
                    max_attempts=max(r["attempts"] for r in rows), wall_s=round(wall, 1), seed=seed)
     _report("sigkill", **figures)
     assert not lost, f"lost {lost}"
     assert not duplicated, f"duplicated {duplicated}"
     assert [r["state"] for r in rows] == ["evaluated"] * len(steps)
-    _one_point_per_step(ckpt / "evald", steps)
-    assert all(math.isfinite(v) for _, _, v in scalar_points(ckpt / "evald", "eval/loss"))
+    _one_point_per_step(run_dir(ckpt), steps)
+    assert all(math.isfinite(v) for _, _, v in scalar_points(run_dir(ckpt), "eval/loss"))
     return figures
 
 
@@ -283,7 +283,7 @@ def test_polling_observer_alone_finds_a_new_checkpoint(tmp_path, procs):
     assert "(polling, filesystem" in evald.output()
     [row] = faults.ledger_rows(ckpt)
     assert row["source"] == "watchdog" and row["state"] == "evaluated"
-    _one_point_per_step(ckpt / "evald", [10])
+    _one_point_per_step(run_dir(ckpt), [10])
 
 
 # ================================================================ 8. trainer killed mid-write
@@ -350,7 +350,7 @@ def _kill_writer_mid_write(tmp_path: Path, procs: list, *, kills: int, seed: int
         layout.read_checkpoint(directory, layout.read_manifest(directory))
     assert temps_after_evald == orphans  # evald deleted nothing
     assert figures["orphans_removed_by_writer"] == orphans and figures["temps_left"] == 0
-    _one_point_per_step(ckpt / "evald", committed)
+    _one_point_per_step(run_dir(ckpt), committed)
     return figures
 
 
@@ -423,8 +423,8 @@ def _flood(tmp_path: Path, endpoints: dict, procs: list, *, burst: int, notifica
     assert len(rows) == len(known)  # notices of absent checkpoints left no rows
     assert skipped == expected_skipped, figures
     assert _evaluated(ckpt) == [1, 2, burst_steps[-1]]
-    _one_point_per_step(ckpt / "evald", [1, 2, burst_steps[-1]])
-    assert [v for _, _, v in scalar_points(ckpt / "evald", "evald/skipped_total")][-1] == expected_skipped
+    _one_point_per_step(run_dir(ckpt), [1, 2, burst_steps[-1]])
+    assert [v for _, _, v in scalar_points(run_dir(ckpt), "evald/skipped_total")][-1] == expected_skipped
     assert rss_after - rss_before < 32 * 1024 and rss_peak - rss_before < 48 * 1024, figures
     return figures
 
@@ -462,7 +462,7 @@ def test_model_train_without_evald_then_evald_catches_up(tmp_path, endpoints, pr
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
     assert _evaluated(ckpt) == [10, 20, 30, 40]
-    _one_point_per_step(ckpt / "evald", [10, 20, 30, 40])
+    _one_point_per_step(run_dir(ckpt), [10, 20, 30, 40])
 
 
 # ================================================================ 3b. the restart protocol, crash by crash
@@ -480,8 +480,8 @@ def test_restart_after_crashes_between_durable_writes(tmp_path, procs):
     faults.announce(ckpt)
     for step in (10, 20, 30, 40, 50):
         faults.commit(ckpt, step)
-    logdir = ckpt / "evald"
-    logdir.mkdir()
+    logdir = run_dir(ckpt)  # the run directory evald will claim (nothing claims it before)
+    logdir.mkdir(parents=True)
     ledger = Ledger(logdir / "ledger.sqlite")
     for step in (10, 20, 30, 40, 50):
         ledger.admit(name=layout.step_dir_name(step), step=step, kind="evald", found_via="rescan", run_id="faults",
@@ -496,9 +496,9 @@ def test_restart_after_crashes_between_durable_writes(tmp_path, procs):
     evaluated(30)     # 30: killed after the commit, before the TensorBoard write
     evaluated(40)     # 40: killed after the TensorBoard write, before it was marked written
     evaluated(50)     # 50: killed while writing the record: a torn tail
-    events = EventLog(logdir)
-    events.write(40, time.time(), {"eval/loss": 5.0, "evald/evaluate_s": 0.1})
-    events.write(50, time.time(), {"eval/loss": 5.0, "evald/evaluate_s": 0.1})
+    events = EventLog(logdir / "eval")  # as the sink writes them: the eval sub-run, eval/loss as "loss"
+    events.write(40, time.time(), {"loss": 5.0, "evald/evaluate_s": 0.1})
+    events.write(50, time.time(), {"loss": 5.0, "evald/evaluate_s": 0.1})
     events.close()
     ledger.close()
     with open(events.path, "r+b") as f:

@@ -144,7 +144,10 @@ def test_cleanup_keeps_the_newest_and_never_the_best(tmp_path, hook_env):
     hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2)
     hook.step_end(1)
     hook.writer.close()
-    layout.write_best_pointer(ckpt, 1, "eval/loss", 0.5)  # as evald does when step 1 is best
+    from evald.sinks.best_pointer import write_best_pointer
+
+    layout.best_pointer_path(ckpt).parent.mkdir(parents=True)  # where the hook looks (until leases)
+    write_best_pointer(layout.best_pointer_path(ckpt).parent, 1, "step_000000001", "eval/loss", 0.5)
     hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2)
     for step in range(2, 6):
         hook.step_end(step)

@@ -26,6 +26,29 @@ log = logging.getLogger("trainer_hooks")
 
 
 class EvaldCallback(Callback):
+    """``EvaldHook`` as a ``mindspore.train.Callback``: evald beside ``Model.train`` (or any trainer
+    that takes MindSpore callbacks, such as MindFormers' ``Trainer(callbacks=[...])``).
+
+    Args:
+        ckpt_dir: where snapshots are committed; evald watches this directory.
+        every_n_steps: take a snapshot every this many steps.
+        batch_size: samples per step, for the throughput evald reports (optional).
+        tokens_per_sample: tokens per sample, for tokens per second (optional).
+        **hook_kwargs: any other ``EvaldHook`` argument (``network``, ``model_factory``,
+            ``data_factory``, ``total_steps``, ``keep_last``, ``lr_advice_handler``...).
+
+    Returns:
+        Nothing: when evald's stop decision has been agreed on by every rank, the callback calls
+        ``run_context.request_stop()`` and training ends at that step on every rank.
+
+    Example::
+
+        model = Model(TrainStepWithGradNorm(loss_net, optimizer))
+        model.train(epochs, dataset, callbacks=[EvaldCallback(
+            "runs/exp1/ckpt", every_n_steps=500, network=net, total_steps=total,
+            model_factory="mypkg.model:build", data_factory="mypkg.data:val_set")])
+    """
+
     def __init__(self, ckpt_dir: str, every_n_steps: int = 100, *, batch_size: int | None = None,
                  tokens_per_sample: int | None = None, **hook_kwargs: Any) -> None:
         super().__init__()

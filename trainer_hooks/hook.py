@@ -1,14 +1,4 @@
-"""EvaldHook: the whole trainer side of evald, for any training loop.
-
-Custom loop::
-
-    hook = EvaldHook(ckpt_dir="runs/exp1/ckpt", every_n_steps=100, network=net,
-                     model_factory="mypkg.model:build", data_factory="mypkg.data:val_set")
-    for step in range(1, total_steps + 1):
-        loss = train_step(x, y)
-        if hook.step_end(step, network=net, loss=loss, lr=current_lr):
-            break                      # evald asked to stop; every rank stops here
-    hook.train_end(step)               # final snapshot, run_finished, clean shutdown
+"""EvaldHook: the whole trainer side of evald, for any training loop (example in its docstring).
 
 ``EvaldCallback`` wraps this class for ``Model.train``; there is one
 implementation. The promises (DEVELOPERS.md, "training is sacred"):
@@ -84,6 +74,49 @@ def _detect_rank() -> tuple[int, int]:
 
 
 class EvaldHook:
+    """The trainer side of evald for any training loop: snapshot, notify, report, obey a stop.
+
+    Every ``every_n_steps`` the weights are copied to host memory (the only part that blocks)
+    and committed to ``ckpt_dir`` in the background; evald, beside the job, evaluates them and
+    may ask every rank to stop at the same step. No method raises into the training loop.
+
+    Args:
+        ckpt_dir: where snapshots are committed (``step_<N>/``); evald watches this directory.
+        every_n_steps: take a snapshot every this many steps.
+        network: the ``nn.Cell`` to snapshot (or pass ``network=`` to ``step_end``).
+        optimizer: its optimizer, so that optimizer state stays out of the snapshot.
+        run_id: this run's id in ``RUN.json`` and messages; default ``$EVALD_RUN_ID`` or a timestamp.
+        task: ``"lm"`` or ``"classification"``: how evald evaluates.
+        model_factory: ``"module:function"`` (or ``{"target", "kwargs"}``) building the network for evald.
+        data_factory: ``"module:function"`` returning the validation set.
+        total_steps: the run's length, for the ETA.
+        endpoint: evald's notification endpoint; default: the local one evald binds.
+        control_endpoint: evald's control endpoint (stop decisions); default: beside ``endpoint``.
+        writer_ranks: ranks that write snapshots (default rank 0 only), or ``"all"``.
+        rank: this process's rank; default: from MindSpore or ``RANK_ID``/``RANK``.
+        world_size: default: from MindSpore or ``RANK_SIZE``/``WORLD_SIZE``.
+        telemetry_every: send training scalars to evald every this many steps.
+        obey_stop: stop when evald decides to.
+        agree_every: how often the ranks agree on a stop (a small all-reduce).
+        reduce_sum: the all-reduce used to agree; default: MindSpore's when distributed.
+        keep_last: delete all but the newest ``keep_last`` snapshots.
+        final_snapshot_timeout_s: how long ``train_end`` waits for the final snapshot.
+        lr_advice_handler: called with evald's learning-rate advice (see ``ScaleLearningRate``).
+
+    Returns:
+        ``step_end`` returns True when every rank has agreed to stop at this step: leave the loop.
+
+    Example::
+
+        hook = EvaldHook("runs/exp1/ckpt", every_n_steps=100, network=net, optimizer=opt,
+                         model_factory="mypkg.model:build", data_factory="mypkg.data:val_set")
+        for step in range(1, total_steps + 1):
+            loss = train_step(*next(batches))
+            if hook.step_end(step, loss=loss, lr=opt.get_lr()):
+                break
+        hook.train_end(step)
+    """
+
     def __init__(
         self,
         ckpt_dir: str | os.PathLike,

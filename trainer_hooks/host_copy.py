@@ -29,6 +29,8 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from evald.contracts.manifest import numpy_dtype_of
+
 log = logging.getLogger("trainer_hooks.host_copy")
 
 Weights = dict[str, np.ndarray]
@@ -92,15 +94,12 @@ class HostBuffers:
 
         Reads shapes and dtypes, never parameter data, so it may run beside training.
         """
-        import mindspore as ms
-
         if _device_target() != "CPU":
             return
         arrays = {}
         for name, param, part in _planned(cell, optimizer, rows):
-            try:
-                dtype = np.dtype(ms.dtype_to_nptype(param.dtype))
-            except (TypeError, KeyError, ValueError):
+            dtype = numpy_dtype_of(param.dtype)
+            if dtype is None:
                 continue  # left to the first copy
             shape = tuple(param.shape) if part is None else (part[1] - part[0], *tuple(param.shape)[1:])
             arrays[name] = np.empty(shape, dtype)
@@ -145,7 +144,7 @@ def _enqueue_device_copies(pairs, pinned: dict) -> Callable[[], Weights]:
     for name, param, _ in pairs:  # whole parameters: a planned row range is cut on the host (unmeasured)
         host = pinned.get(name)
         if host is None or tuple(host.shape) != tuple(param.shape) or host.dtype != param.dtype:
-            host = pinned[name] = ms.Tensor(np.zeros(param.shape, ms.dtype_to_nptype(param.dtype))).pin_memory()
+            host = pinned[name] = ms.Tensor(np.zeros(param.shape, numpy_dtype_of(param.dtype))).pin_memory()
         host.copy_(param, non_blocking=True)
     done = ms.runtime.Event()
     done.record(ms.runtime.current_stream())

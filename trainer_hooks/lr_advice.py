@@ -21,6 +21,24 @@ log = logging.getLogger("trainer_hooks.lr_advice")
 
 
 class ScaleLearningRate:
+    """Applies evald's learning-rate advice by scaling the optimizer's learning rate (opt-in).
+
+    Args:
+        optimizer: a MindSpore optimizer whose ``learning_rate`` is a fixed value (a Parameter);
+            with a schedule the advice is logged and not applied.
+        min_lr: the learning rate is never scaled below this.
+        max_lr: ... nor above this.
+
+    Returns:
+        Called with one piece of advice (``{"id", "kind", "scale", "reason"}``), it returns None;
+        ``applied`` lists the advice it applied.
+
+    Example::
+
+        hook = EvaldHook("runs/exp1/ckpt", network=net, optimizer=opt,
+                         lr_advice_handler=ScaleLearningRate(opt, min_lr=1e-6, max_lr=1e-2))
+    """
+
     def __init__(self, optimizer: Any, *, min_lr: float = 0.0, max_lr: float = float("inf")) -> None:
         self.optimizer = optimizer
         self.min_lr = min_lr

@@ -13,6 +13,23 @@ from mindspore import nn, ops
 
 
 class TrainStepWithGradNorm(nn.TrainOneStepCell):
+    """A ``TrainOneStepCell`` that also returns the global gradient norm, for evald's health alerts.
+
+    Args:
+        network: the network with its loss (``nn.WithLossCell`` or a cell returning the loss).
+        optimizer: the optimizer to apply.
+        clip_norm: clip the gradients to this global norm before applying them; None: no clipping.
+
+    Returns:
+        ``(loss, grad_norm)`` from each call; the norm is of the gradients before clipping.
+        ``EvaldCallback`` reads both from ``Model.train``'s outputs.
+
+    Example::
+
+        model = Model(TrainStepWithGradNorm(nn.WithLossCell(net, loss_fn), optimizer, clip_norm=1.0))
+        model.train(epochs, dataset, callbacks=[EvaldCallback("runs/exp1/ckpt", network=net)])
+    """
+
     def __init__(self, network: nn.Cell, optimizer: nn.Optimizer, clip_norm: float | None = 1.0) -> None:
         super().__init__(network, optimizer)
         self.clip_norm = clip_norm

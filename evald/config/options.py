@@ -51,8 +51,13 @@ class EvaldConfig:
                              factory=lambda: DeviceSpec("auto", (0,)))
     ckpt_dir: str | None = opt(None, "checkpoint directory to evaluate; default: the directory the trainer "
                                "announces first", kind="path", env="EVALD_CKPT_DIR")
-    logdir: str | None = opt(None, "TensorBoard events, ledger and summary; default: CKPT_DIR/evald",
+    logdir: str | None = opt(None, "TensorBoard log directory, shared by runs; each run has LOGDIR/RUN_NAME "
+                             "with its events and evald's state (ledger, summary); default: "
+                             "CKPT_DIR/../tensorboard, beside the checkpoint directory, never inside it",
                              kind="path", env="EVALD_LOGDIR")
+    run_name: str | None = opt(None, "name of this run in TensorBoard (LOGDIR/RUN_NAME); chosen once and kept "
+                               "across restarts; default: the checkpoint directory's name (its parent's when "
+                               "that is ckpt, checkpoints, output...)", kind="name", env="EVALD_RUN_NAME")
     endpoint: str | None = opt(None, "ZeroMQ endpoint evald binds for notifications (PULL), or none: no "
                                "sockets at all (no control channel either), only the directory is watched; "
                                "default: ipc in $EVALD_SOCKET_DIR", kind="endpoint",
@@ -116,6 +121,8 @@ class EvaldConfig:
     # --- logging
     log_level: str = opt("INFO", "DEBUG, INFO, WARNING or ERROR", kind="choice",
                          choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    log_format: str = opt("text", "text (for people) or json (one JSON object per line, for log shippers)",
+                          kind="choice", choices=("text", "json"), env="EVALD_LOG_FORMAT")
 
     @property
     def zmq(self) -> bool:

@@ -30,7 +30,7 @@ def opt(default: Any, help: str, *, kind: str, env: str | None = None, choices: 
         min: float | None = None, max: float | None = None, min_exclusive: bool = False,
         table: type | None = None, factory: Callable[[], Any] | None = None) -> Any:
     """Declare an option. ``kind`` is int, float, str, bool, choice, factory, object, table,
-    plugins, device or cpus; ``min``/``max`` bound numbers; ``table`` is the dataclass of a table."""
+    plugins, device, cpus, endpoint, path or name; ``min``/``max`` bound numbers; ``table`` is the dataclass of a table."""
     meta = {"help": help, "kind": kind, "env": env, "choices": choices, "min": min, "max": max,
             "min_exclusive": min_exclusive, "table": table}
     if factory is not None:
@@ -247,8 +247,16 @@ def _endpoint(f, value, source, key):
     return text
 
 
+def _name(f, value, source, key):
+    text = _str(f, value, source, key)
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}$", text):
+        raise ConfigError(source, key, f"expected a name of letters, digits and . _ + = @ , - (a directory "
+                                       f"name, up to 128 characters, not starting with a dot), got {text!r}")
+    return text
+
+
 _KINDS: dict[str, Callable[[Field, Any, str, str], Any]] = {
     "int": _int, "float": _float, "str": _str, "bool": _bool, "choice": _choice, "factory": _factory,
     "object": as_object, "table": _table, "plugins": _plugins, "device": _device, "cpus": _cpus,
-    "endpoint": _endpoint, "path": _str,
+    "endpoint": _endpoint, "path": _str, "name": _name,
 }

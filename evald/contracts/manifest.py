@@ -16,6 +16,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
+
 from evald.contracts import safetensors_io as sio
 from evald.contracts.partition import PARTS_LAYOUT_VERSION, PartInfo, PartitionError, SliceSpec
 
@@ -225,3 +227,20 @@ def _check(manifest: Manifest, source: str) -> None:
                      for a, b in zip(ranges, ranges[1:]) if b[0] < a[1]]
     if problems:
         raise LayoutError(f"{source}: not a valid manifest: " + "; ".join(problems[:5]))
+
+
+_NUMPY_NAME_OF_MINDSPORE = {
+    "Float16": "float16", "Float32": "float32", "Float64": "float64", "BFloat16": "bfloat16",
+    "Int8": "int8", "Int16": "int16", "Int32": "int32", "Int64": "int64",
+    "UInt8": "uint8", "UInt16": "uint16", "UInt32": "uint32", "UInt64": "uint64", "Bool": "bool",
+}
+
+
+def numpy_dtype_of(mindspore_dtype: object) -> np.dtype | None:
+    """The numpy dtype of a MindSpore dtype (by its name; mindspore.dtype_to_nptype is deprecated
+    since 2.7), or None when numpy has none (bfloat16 before mindspore registers it)."""
+    name = _NUMPY_NAME_OF_MINDSPORE.get(str(mindspore_dtype))
+    try:
+        return np.dtype(name) if name else None
+    except TypeError:
+        return None

@@ -1,5 +1,14 @@
 """TensorBoard output with exactly one record per step and stream, even across crashes.
 
+The layout follows the convention of Keras' TensorBoard callback (``train/`` and
+``validation/`` runs with the same tag names): a run directory has one sub-run per
+stream, ``train/`` and ``eval/``, and a tag loses its stream's prefix there, so
+``train/loss`` and ``eval/loss`` are both written as ``loss`` and TensorBoard draws
+training and evaluation loss on one chart. Tags of other namespaces keep their
+names: ``evald/...`` (timings, lag, decisions; in ``eval/``), ``health/...`` (alerts;
+in ``train/`` with the scalars that raised them) and ``sample/...``. The run summary
+(stream ``summary``) goes to ``eval/``. The ledger keeps the stream-prefixed names.
+
 The ledger's outbox (``records``) holds every record evald has decided to write,
 committed with the state change it reports. This sink writes pending records with
 tensorboardX's synchronous ``EventsWriter`` (tensorboardX's ``SummaryWriter`` queues
@@ -56,19 +65,36 @@ class EventLog:
         self._writer.close()
 
 
+SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval"}  # stream -> sub-run directory
+STREAM_PREFIXES = {"train": "train/", "eval": "eval/"}           # dropped from tags in the sub-run
+
+
+def sub_run(stream: str) -> str:
+    return SUB_RUNS.get(stream, stream)
+
+
+def shown_tag(stream: str, tag: str) -> str:
+    """The tag as TensorBoard shows it in the stream's sub-run: ``eval/loss`` -> ``loss``."""
+    prefix = STREAM_PREFIXES.get(stream)
+    return tag[len(prefix):] if prefix and tag.startswith(prefix) and len(tag) > len(prefix) else tag
+
+
 class TensorBoardSink:
-    def __init__(self, logdir: Path, ledger: Ledger) -> None:
-        self.logdir = Path(logdir)
+    """Writes the ledger's pending records into the run directory's sub-runs."""
+
+    def __init__(self, run_dir: Path, ledger: Ledger) -> None:
+        self.run_dir = Path(run_dir)
         self.ledger = ledger
-        self._log = EventLog(self.logdir)
+        self._logs: dict[str, EventLog] = {}  # one event file per sub-run, made at its first record
         self._reconcile()
 
     def _reconcile(self) -> None:
         pending = self.ledger.pending_records()
-        if not pending:
-            return
-        on_disk = tags_on_disk(self.logdir, {r.step for r in pending})
-        already = [r.id for r in pending if _tags(r) <= on_disk.get(r.step, set())]
+        already = []
+        for name in sorted({sub_run(r.stream) for r in pending}):
+            mine = [r for r in pending if sub_run(r.stream) == name]
+            on_disk = tags_on_disk(self.run_dir / name, {r.step for r in mine})
+            already += [r.id for r in mine if _tags(r) <= on_disk.get(r.step, set())]
         if already:
             log.info("%d TensorBoard record(s) reached disk just before evald stopped; not written again",
                      len(already))
@@ -78,16 +104,22 @@ class TensorBoardSink:
         """Write every pending record; returns how many."""
         pending = self.ledger.pending_records()
         for record in pending:
-            self._log.write(record.step, record.wall_time, record.scalars, record.texts)
+            name = sub_run(record.stream)
+            if name not in self._logs:
+                self._logs[name] = EventLog(self.run_dir / name)
+            self._logs[name].write(record.step, record.wall_time,
+                                   {shown_tag(record.stream, k): v for k, v in record.scalars.items()},
+                                   {shown_tag(record.stream, k): v for k, v in record.texts.items()})
             self.ledger.mark_written([record.id])  # type: ignore[list-item]
         return len(pending)
 
     def close(self) -> None:
-        self._log.close()
+        for event_log in self._logs.values():
+            event_log.close()
 
 
 def _tags(record: Record) -> set[str]:
-    return set(record.scalars) | set(record.texts)
+    return {shown_tag(record.stream, tag) for tag in (*record.scalars, *record.texts)}
 
 
 def tags_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> dict[int, set[str]]:

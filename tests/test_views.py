@@ -1,0 +1,121 @@
+"""What a TensorBoard user sees (issue 11): a real short run with evald beside it, then TensorBoard
+itself on the log directory, asked through its HTTP data API and looked at in headless Chromium.
+
+The browser is Debian's chromium-headless-shell (or chromium); scripts/setup_env.sh installs it
+when it runs as root. Without it this test fails, it never skips: the view is what it checks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests import faults
+from tests.harness import PYTHON, Proc, base_env, committed_steps, start_evald, start_trainer, wait_for
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run")
+
+
+def browser() -> str:
+    for name in ("chromium-headless-shell", "chromium"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.fail("no headless Chromium: install it with `apt-get install -y chromium-headless-shell` (or "
+                "`chromium`); scripts/setup_env.sh --with-browser does this when run as root")
+
+
+def get(base: str, path: str, **query: str):
+    url = f"{base}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, endpoints, procs):
+    chromium = browser()
+    ckpt = tmp_path / "demo" / "ckpt"  # the demo's layout: runs/demo/ckpt
+    evald = start_evald(tmp_path, endpoints, ["--lag-policy", "all"])
+    procs.append(evald)
+    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=60, every=20)
+    procs.append(trainer)
+    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+    assert evald.wait(300) == 0, evald.output()[-3000:]
+
+    logdir = tmp_path / "demo" / "tensorboard"  # the default: beside the checkpoint directory
+    assert sorted(p.name for p in logdir.iterdir()) == ["demo"]
+    assert "evald" not in {p.name for p in ckpt.iterdir()}  # nothing of evald's in the trainer's directory
+    # A second run shares the log directory (evaluations only: no trainer, a checkpoint on disk).
+    other = tmp_path / "lr-3e-4" / "ckpt"
+    faults.announce(other)
+    faults.commit(other, 10)
+    second = faults.start(tmp_path, other, "--logdir", str(logdir), "--idle-exit-s", "2", name="evald-second")
+    procs.append(second)
+    assert second.wait(240) == 0, second.output()[-3000:]
+    tensorboard = Proc([PYTHON, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1",
+                        "--port", "0", "--load_fast=false"], base_env(), tmp_path / "tensorboard.log")
+    procs.append(tensorboard)
+    found = wait_for(lambda: re.search(r"at (http://127\.0\.0\.1:\d+)/", tensorboard.output()), 120,
+                     "TensorBoard's address")
+    base = found.group(1)
+
+    runs = wait_for(lambda: sorted(get(base, "/data/runs")) or None, 60, "TensorBoard's runs")
+    assert runs == ["demo/eval", "demo/train", "lr-3e-4/eval"]  # readable names side by side, no "."
+    tags = get(base, "/data/plugin/scalars/tags")
+    assert "loss" in tags["demo/train"] and "loss" in tags["demo/eval"]  # the same tag: one chart
+    assert [step for _, step, _ in get(base, "/data/plugin/scalars/scalars", run="lr-3e-4/eval", tag="loss")] == [10]
+    train = get(base, "/data/plugin/scalars/scalars", run="demo/train", tag="loss")
+    evaluated = get(base, "/data/plugin/scalars/scalars", run="demo/eval", tag="loss")
+    assert [step for _, step, _ in evaluated] == committed_steps(ckpt) == [20, 40, 60]
+    assert len(train) >= 30 and all(v > 0 for _, _, v in train + evaluated)
+    assert {t for t in tags["demo/eval"] if t.startswith("evald/")} >= {"evald/load_s", "evald/evaluate_s"}
+    [summary] = get(base, "/data/plugin/text/text", run="demo/eval", tag="evald/summary/text_summary")
+    assert "<th>field</th>" in summary["text"] and "<strong>best step</strong>" in summary["text"]
+    assert "{" not in summary["text"]  # a table, not raw JSON
+
+    # The page itself: the loss card draws a line per run (SVG: forceSVG), and the screenshot shows them.
+    page = f"{base}/?forceSVG=true&tagFilter=%5Eloss%24#timeseries"
+    shot = tmp_path / "tensorboard.png"
+    # Headless Chromium captures the page when its virtual time runs out, which can be before the
+    # chart has fetched its data from TensorBoard (slow until TensorBoard has loaded it once, and
+    # on a loaded machine): each attempt is a fresh browser; one complete drawing is what counts.
+    for attempt in range(10):
+        dom = chromium_run(chromium, tmp_path, "--dump-dom", page, profile=f"dom-{attempt}").stdout
+        strokes = set(re.findall(r'<path d="M[^"]*"[^>]*?stroke: (rgb\(\d+, \d+, \d+\)); opacity: 1;', dom))
+        if len(strokes) >= 2:
+            break
+    assert len(strokes) >= 2, "the loss chart does not draw the train and the eval line"
+    for attempt in range(10):
+        chromium_run(chromium, tmp_path, f"--screenshot={shot}", page, profile=f"shot-{attempt}")
+        if all(pixels_of(shot, color) > 30 for color in strokes):
+            break
+    assert all(pixels_of(shot, color) > 30 for color in strokes), f"{shot} does not show both lines"
+    print(f"screenshot: {shot} (attempt {attempt + 1})")
+
+
+def chromium_run(chromium: str, tmp_path: Path, *args: str, profile: str) -> subprocess.CompletedProcess:
+    """Each run with a fresh profile: TensorBoard keeps view settings in the browser's storage."""
+    result = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium' / profile}",
+                             "--window-size=1400,1000", "--virtual-time-budget=30000", *args],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def pixels_of(png: Path, rgb: str) -> int:
+    """Pixels of the colour ``rgb(r, g, b)`` (nearly) in the cards' area of the 1400x1000 screenshot:
+    the plot area of the first card: right of the run list and above the legend (whose dots have the
+    same colours), left of the settings."""
+    from PIL import Image  # pillow comes with mindspore
+
+    want = tuple(int(v) for v in re.findall(r"\d+", rgb))
+    data = Image.open(png).convert("RGB").crop((300, 190, 1140, 470)).tobytes()
+    return sum(1 for pixel in zip(data[0::3], data[1::3], data[2::3])
+               if sum(abs(a - b) for a, b in zip(pixel, want)) < 24)
