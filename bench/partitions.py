@@ -98,6 +98,7 @@ def _worker(args: argparse.Namespace) -> None:
             if rank == 0:                              # outside the timing; keeps the disk free
                 for entry in (work / name).glob("step_*"):
                     shutil.rmtree(entry, ignore_errors=True)
+            time.sleep(args.settle_s)                  # let the kernel finish freeing and writing back
             reduce_sum(np.array([1]))
             if rep:
                 part = hook.writer.partition if hook.writer else None
@@ -133,7 +134,7 @@ def _run_size(size: float, args: argparse.Namespace) -> dict:
                PATH=f"{venv}{os.pathsep}{os.environ.get('PATH', '')}")
     cmd = [msrun, f"--worker_num={args.workers}", f"--local_worker_num={args.workers}", f"--master_port={port}",
            f"--log_dir={work / 'logs'}", "--join=True", "--cluster_time_out=600", str(Path(__file__).resolve()),
-           "--as-rank", "--size", str(size), "--reps", str(args.reps), "--dir", str(work), "--out", str(out)]
+           "--as-rank", "--size", str(size), "--reps", str(args.reps), "--settle-s", str(args.settle_s), "--dir", str(work), "--out", str(out)]
     try:
         job = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, timeout=3600,
                              stdout=subprocess.DEVNULL)
@@ -181,6 +182,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--dir", default=None, help="where the checkpoints go (default: a temp dir)")
     p.add_argument("--json", default=None)
+    p.add_argument("--settle-s", type=float, default=0.5, help="pause between arms (outside the timing)")
     p.add_argument("--as-rank", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--size", type=float, default=1.0, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)

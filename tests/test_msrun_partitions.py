@@ -28,7 +28,7 @@ import pytest
 
 from evald.contracts import layout, partition, wire
 from tests.faults import ledger_rows, tb_texts
-from tests.harness import PYTHON, Proc, base_env, raw_scalar_steps, scalar_points, wait_for
+from tests.harness import PYTHON, Proc, base_env, raw_scalar_steps, run_dir, scalar_points, wait_for
 from tests.partition_worker import DATA_FACTORY, MODEL_FACTORY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def _evaluate_reference(work: Path, ref: Path, final_step: int, procs: list) -> 
     evald = _evald(work, ref, "evald-reference")
     procs.append(evald)
     assert evald.wait(300) == 0, evald.output()[-4000:]
-    return {step: value for step, _, value in scalar_points(ref / "evald", "eval/loss")}
+    return {step: value for step, _, value in scalar_points(run_dir(ref), "eval/loss")}
 
 
 def _parts_of(ckpt: Path) -> dict[int, list[str]]:
@@ -172,10 +172,10 @@ def test_msrun_data_parallel_job_is_evaluated_once_per_step_from_its_parts(work,
 
     rows = ledger_rows(ckpt)
     assert [(r["step"], r["state"]) for r in rows] == [(s, "evaluated") for s in snapshot_steps], rows
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == snapshot_steps   # one point per step, raw
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == snapshot_steps   # one point per step, raw
     for step in snapshot_steps:
         _same_weights(ckpt, ref, step, WORKERS)
-    losses, reference = _losses(ckpt / "evald"), _evaluate_reference(work, ref, steps, procs)
+    losses, reference = _losses(run_dir(ckpt)), _evaluate_reference(work, ref, steps, procs)
     print(f"\nPARTS-REPORT msrun {WORKERS} workers: part bytes at step {EVERY} {sizes}; loss from parts {losses}; "
           f"single-writer snapshot {reference}")
     assert losses == reference and len(losses) == len(snapshot_steps)
@@ -203,10 +203,10 @@ def test_ranks_holding_different_parameters_are_assembled_into_the_whole_model(w
     held = [{p.name for p in layout.read_manifest(ckpt / name).params} for name in parts[20]]
     assert held[0] and held[1] and not held[0] & held[1]       # each rank its own parameters
     assert [(r["step"], r["state"]) for r in ledger_rows(ckpt)] == [(s, "evaluated") for s in steps]
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == steps
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == steps
     for step in steps:
         _same_weights(ckpt, ref, step, 2)
-    losses, reference = _losses(ckpt / "evald"), _evaluate_reference(work, ref, 60, procs)
+    losses, reference = _losses(run_dir(ckpt)), _evaluate_reference(work, ref, 60, procs)
     print(f"\nPARTS-REPORT held: parts {dict(parts)}; loss from parts {losses}; whole {reference}")
     assert losses == reference and len(losses) == len(steps)
 
@@ -243,6 +243,6 @@ def test_a_rank_killed_mid_write_leaves_its_step_incomplete_and_later_steps_are_
                                                           80: "evaluated"}, rows
     reason = rows[40]["reason"]
     assert reason.startswith("incomplete:") and "missing part 1 (rank 1)" in reason, reason
-    assert raw_scalar_steps(ckpt / "evald", "eval/loss") == [20, 60, 80]
-    assert [(step, tag) for step, tag, _ in tb_texts(ckpt / "evald", "evald/skipped")] == [(40, "evald/skipped")]
+    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [20, 60, 80]
+    assert [(step, tag) for step, tag, _ in tb_texts(run_dir(ckpt), "evald/skipped")] == [(40, "evald/skipped")]
     assert any(e.startswith(temp) for e in os.listdir(ckpt))   # evald never touches the trainer's temps

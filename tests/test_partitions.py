@@ -405,3 +405,24 @@ def test_plans_agree_across_ranks_for_any_writer_set():
                 assert ranges[0][0] == 0 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), (writers, name)
             assert {n for n, _ in rows} == set(weights)
             assert sum(p.nbytes for p in plans) == plans[0].total_bytes
+
+
+def test_evald_retry_judges_the_parts_of_a_failed_step_again(setup):
+    import shutil
+
+    from evald.requeue import retry
+
+    ckpt, ledger = setup
+    intake = intake_for(ckpt, ledger)
+    weights = model_weights()
+    write_parts(ckpt, 5, weights, (0, 1), holds={0: lambda n: n != "head", 1: lambda n: n in ("head", "emb")})
+    find_all(intake, ckpt)
+    assert ledger.step(5).state == FAILED
+    for index in range(2):  # the trainer's side is fixed: the parts are written again, right this time
+        shutil.rmtree(ckpt / part_dir_name(5, index, 2))
+    write_parts(ckpt, 5, weights, (0, 1))
+    done = retry(ledger, None, "operator")
+    assert sorted(done.rejudged) == sorted([group_name(5, 2), part_dir_name(5, 0, 2), part_dir_name(5, 1, 2)])
+    intake.forget_judged()
+    find_all(intake, ckpt)
+    assert (ledger.step(5).state, ledger.step(5).kind) == (QUEUED, PARTS)
