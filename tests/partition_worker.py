@@ -151,6 +151,10 @@ def _split(args):
                      data_factory=DATA_FACTORY, final_snapshot_timeout_s=60)
     for step in range(args.first_step, args.steps + 1):
         if step % args.every == 0 or step == args.steps:
+            # This loop outruns any disk: wait for the previous write rather than have the hook skip this
+            # snapshot as busy on one rank only (that step would then, rightly, be recorded incomplete).
+            while hook.writer is not None and hook.writer.busy:
+                time.sleep(0.01)
             rng = np.random.default_rng(step)
             for name, p in params:  # the same bytes in every process
                 p.set_data(ms.Tensor(base[name] + np.float32(0.01) * rng.standard_normal(base[name].shape,
