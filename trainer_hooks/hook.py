@@ -92,7 +92,8 @@ class EvaldHook:
         total_steps: the run's length, for the ETA.
         endpoint: evald's notification endpoint; default: the local one evald binds.
         control_endpoint: evald's control endpoint (stop decisions); default: beside ``endpoint``.
-        writer_ranks: ranks that write snapshots (default rank 0 only), or ``"all"``.
+        writer_ranks: ranks that write snapshots, default ``"all"``; with several, each writes its part
+            of every snapshot (docs/checkpoint-layout.md, "Partitioned snapshots"). Build the hook on every rank.
         rank: this process's rank; default: from MindSpore or ``RANK_ID``/``RANK``.
         world_size: default: from MindSpore or ``RANK_SIZE``/``WORLD_SIZE``.
         telemetry_every: send training scalars to evald every this many steps.
@@ -102,6 +103,10 @@ class EvaldHook:
         keep_last: delete all but the newest ``keep_last`` snapshots.
         final_snapshot_timeout_s: how long ``train_end`` waits for the final snapshot.
         lr_advice_handler: called with evald's learning-rate advice (see ``ScaleLearningRate``).
+        holds: the parameters this rank holds (names or a predicate), when ranks hold different ones
+            (pipeline stages): it writes exactly those.
+        tensor_layouts: ``{name: {"dev_matrix", "tensor_map"}}`` of tensor-parallel slices, or a cell whose
+            ``parameter_layout_dict`` has them (default: ``network``'s); untested on a real sharded job.
 
     Returns:
         ``step_end`` returns True when every rank has agreed to stop at this step: leave the loop.
