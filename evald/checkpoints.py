@@ -4,6 +4,8 @@ Two kinds of checkpoint:
 
 * ``evald``: a committed ``step_<N>/`` directory of the layout contract
   (evald.contracts.layout); its step is in its name and must equal its manifest's.
+* ``part``: one committed part ``step_<N>-part-<i>-of-<n>/`` of a partitioned snapshot;
+  evald.assembly waits for all ``n`` and the step is then read from all of them (``parts``).
 * ``foreign``: a ``.ckpt`` or ``.safetensors`` file written by MindSpore's own
   ``ModelCheckpoint`` (or ``save_checkpoint``). Its global step comes from, in order:
     1. the name ``PREFIX-1_S.ckpt``: in epoch 1 the step within the epoch, S, is the
@@ -33,19 +35,21 @@ import functools
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from evald import mindformers_layout
 from evald.contracts import layout
+from evald.contracts.partition import parse_part_dir_name
 from evald.file_access import Unreadable, check_readable
 
 EVALD, FOREIGN, FOREIGN_WEIGHTS = "evald", "foreign", "foreign-weights"
+PART, PARTS = "part", "parts"  # one part of a partitioned snapshot; a step read from all its parts
 FOREIGN_KINDS = (FOREIGN, FOREIGN_WEIGHTS)
 FOREIGN_SUFFIXES = (".ckpt", ".safetensors")
-PREFERENCE = {EVALD: 0, FOREIGN_WEIGHTS: 1, FOREIGN: 2}  # lower wins when several files carry one step
+PREFERENCE = {EVALD: 0, PARTS: 0, FOREIGN_WEIGHTS: 1, FOREIGN: 2}  # lower wins when several files carry one step
 _MODEL_CHECKPOINT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d{1,9})_(?P<step>\d{1,15})\.(ckpt|safetensors)$")
 _STEP_KEYS = ("step_num", "cur_step_num", "global_step")
 MAX_STEP = 2**63 - 1
@@ -70,6 +74,7 @@ class Found:
     kind: str
     run_id: str | None = None
     commit_time: float | None = None
+    manifest: layout.Manifest | None = field(default=None, compare=False, repr=False)  # of a part
 
     @property
     def preference(self) -> int:
@@ -97,7 +102,9 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
             or name in (layout.EVALD_SUBDIR, layout.RUN_FILE, layout.RUN_END_FILE)):
         return None
     path = ckpt_dir / name
-    dir_step = layout.parse_step_dir_name(name)
+    dir_step, part = layout.parse_step_dir_name(name), parse_part_dir_name(name)
+    if part is not None:
+        dir_step = part[0]
     if dir_step is None and not name.endswith(FOREIGN_SUFFIXES):
         return None
     if dir_step is not None and dir_step > MAX_STEP:
@@ -108,7 +115,7 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
     if path.is_symlink():
         return _link(path.parent, path, dir_step, name)
     if dir_step is not None:
-        return _evald(path, dir_step)
+        return _evald(path, dir_step, part)
     return _foreign(path, name, steps_per_epoch, settle_s, now)
 
 
@@ -119,7 +126,7 @@ def _link(ckpt_dir: Path, path: Path, step: int | None, name: str) -> Rejected:
     return Rejected(name, step, f"a link to {target.name}, which is read under its own name", duplicate=True)
 
 
-def _evald(path: Path, dir_step: int) -> Found | Rejected | None:
+def _evald(path: Path, dir_step: int, part: tuple[int, int, int] | None = None) -> Found | Rejected | None:
     from evald.confinement import confined
 
     if not os.path.lexists(path / layout.MANIFEST_FILE):
@@ -132,6 +139,12 @@ def _evald(path: Path, dir_step: int) -> Found | Rejected | None:
     if manifest.step != dir_step:
         return Rejected(path.name, dir_step, f"its manifest says step {manifest.step} but the directory is step "
                                              f"{dir_step}: renamed or copied by hand; not evaluated")
+    says = manifest.parts and (manifest.step, manifest.parts.index, manifest.parts.count)
+    if part is not None or says:
+        if says != part:
+            return Rejected(path.name, dir_step, f"its manifest says {'part ' + str(says[1:]) if says else 'whole'}"
+                                                 f", its name another: renamed or copied by hand; not evaluated")
+        return Found(path.name, dir_step, PART, manifest.run_id, manifest.commit_time, manifest)
     return Found(path.name, dir_step, EVALD, manifest.run_id, manifest.commit_time)
 
 

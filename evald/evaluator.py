@@ -25,7 +25,7 @@ from evald.contracts import layout
 from evald.contracts.wire import FactorySpec
 from evald.factories import call_factory
 from evald.hot_swap import NetworkWeights
-from evald.swap_check import check as check_swap, weights_digest
+from evald.swap_check import PartsRead, check as check_swap, check_parts, parts_digest, weights_digest
 from evald.subset import SubsetInfo, fixed_batches, select_subset
 from evald.tasks import DataShapeError, ShouldAbort, make_task, never
 from evald.weights import load_into
@@ -150,13 +150,18 @@ class Evaluator:
         """Prove the swap (SwapMismatch, an evald error, if the network does not hold the checkpoint's
         weights) and say what was evaluated: the weights' digest, the subset and the config."""
         manifest = source if isinstance(source, layout.Manifest) else None
-        loaded = None if manifest is not None else source
+        loaded = None if manifest is not None or isinstance(source, PartsRead) else source
+        params = dict(self.network.parameters_and_names())
         try:
-            done = check_swap(dict(self.network.parameters_and_names()), mode=self.verify_swap,
-                              step=manifest.step if manifest else 0, step_dir=path, manifest=manifest, loaded=loaded)
+            if isinstance(source, PartsRead):
+                done = check_parts(params, mode=self.verify_swap, step=source.members[0][1].step, parts=source)
+            else:
+                done = check_swap(params, mode=self.verify_swap, step=manifest.step if manifest else 0,
+                                  step_dir=path, manifest=manifest, loaded=loaded)
         except Exception:
             self.weights.valid = False  # evaluate nothing until a later swap succeeds
             raise
-        digest, digest_of = weights_digest(manifest, loaded)
+        digest, digest_of = parts_digest(source) if isinstance(source, PartsRead) else weights_digest(manifest,
+                                                                                                       loaded)
         return {"weights_sha256": digest, "weights_digest_of": digest_of, "subset_sha256": self.subset.sha256,
                 "config": self.config_identity, "swap_check": done.describe()}

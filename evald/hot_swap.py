@@ -85,7 +85,7 @@ class NetworkWeights:
                     np.copyto(view, array)
                 continue
             param = self._params[name]
-            param.set_data(self._ms.Tensor(np.ascontiguousarray(array), dtype=param.dtype))
+            param.set_data(self._ms.Tensor(np.asarray(array, order="C"), dtype=param.dtype))  # 0-d stays 0-d
 
     def load(self, step_dir: Path, manifest: layout.Manifest, *, strict: bool = True,
              threads: int | None = None) -> dict[str, str]:

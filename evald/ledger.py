@@ -118,11 +118,12 @@ class Ledger:
     # ------------------------------------------------------------ changes (one transaction each)
 
     def admit(self, *, name: str, step: int, kind: str, found_via: str, run_id: str | None,
-              commit_time: float | None, skip_reason: str | None = None) -> None:
-        """A new step read from file ``name``: queued, or skipped at once with ``skip_reason``."""
+              commit_time: float | None, skip_reason: str | None = None, also: Sequence[str] = ()) -> None:
+        """A new step read from file ``name`` (and the parts ``also``): queued, or skipped with ``skip_reason``."""
         now = time.time()
         with self._transaction() as db:
-            db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)", (name, step, USED, now))
+            for entry in (name, *also):
+                db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)", (entry, step, USED, now))
             db.execute("INSERT INTO steps(step, state, source, kind, run_id, commit_time, found_via, reason,"
                        " admitted_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
                        (step, SKIPPED if skip_reason else QUEUED, name, kind, run_id, commit_time, found_via,
@@ -131,23 +132,26 @@ class Ledger:
                 self._outbox(db, _skip_record(db, step, skip_reason, now, commit_time or now))
 
     def replace_source(self, step: int, *, name: str, kind: str, run_id: str | None,
-                       commit_time: float | None, old_reason: str) -> None:
+                       commit_time: float | None, old_reason: str, also: Sequence[str] = ()) -> None:
         """A queued step is read from the better file ``name``; its old file becomes a duplicate."""
         with self._transaction() as db:
             (old,) = db.execute("SELECT source FROM steps WHERE step=? AND state=?", (step, QUEUED)).fetchone()
             db.execute("UPDATE files SET status=?, reason=? WHERE name=?", (DUPLICATE, old_reason, old))
-            db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)",
-                       (name, step, USED, time.time()))
+            for entry in (name, *also):
+                db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)",
+                           (entry, step, USED, time.time()))
             db.execute("UPDATE steps SET source=?, kind=?, run_id=?, commit_time=? WHERE step=?",
                        (name, kind, run_id, commit_time, step))
 
     def note_file(self, name: str, step: int | None, status: str, reason: str,
-                  fail_step: bool = False, fail_state: str = FAILED) -> None:
-        """A file that is a duplicate or rejected; with ``fail_step``, its step (if new) ends ``fail_state``."""
+                  fail_step: bool = False, fail_state: str = FAILED, also: Sequence[str] = ()) -> None:
+        """A file (and the parts ``also``) that is a duplicate or rejected; with ``fail_step``, its step
+        (if new) ends ``fail_state``."""
         now = time.time()
         with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
-                       (name, step, status, reason, now))
+            for entry in (name, *also):
+                db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
+                           (entry, step, status, reason, now))
             if fail_step and step is not None and not db.execute(
                     "SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
                 db.execute("INSERT INTO steps(step, state, source, kind, found_via, reason, admitted_at,"

@@ -55,7 +55,7 @@ def retry(ledger: Ledger, steps: Sequence[int] | None, reason: str) -> Retried:
     wanted = sorted(failed) if steps is None else sorted(set(steps))
     requeue = [s for s in wanted if s in failed and failed[s].source not in rejected]
     forget_steps = [s for s in wanted if s in failed and failed[s].source in rejected]
-    forget_files = [failed[s].source for s in forget_steps]
+    forget_files = [name for name, step in rejected.items() if step in forget_steps]  # a step's parts, too
     if steps is None:
         forget_files += [name for name, step in rejected.items() if step is None]
     ledger.requeue_failures(requeue, forget_steps, forget_files, reason, counter=RETRIES)

@@ -169,6 +169,7 @@ class Run:
                      self.ckpt_dir, message.task, message.total_steps, message.every_n_steps)
             self.decisions.begin_run(message.run_id)
         self.announcement, self.resolved = message, resolved
+        self.intake.run_id = message.run_id
         return news
 
     def _read_run_end(self) -> bool:

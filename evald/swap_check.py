@@ -15,6 +15,9 @@ memory (``Parameter.asnumpy()``, fetched afresh) is compared with the checkpoint
   the bytes the trainer committed. Costs one hash pass over the weights (bench/swap_check.py);
 * ``off``.
 
+A partitioned step (evald.assembly) is checked part by part: each part's files against the
+live memory of the regions of the parameters that part holds.
+
 A foreign file (MindSpore's own checkpoints) has no manifest: its weights as MindSpore loaded
 them are compared with the live memory (sampled: the same windows; full: every element).
 A parameter converted to the network's dtype is compared after the same conversion. A mismatch
@@ -31,7 +34,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -87,6 +90,43 @@ def check(params: Mapping[str, object], *, mode: str, step: int, step_dir: Path 
         _against_loaded(live, loaded or {}, mode, step, result)
     result.seconds = time.perf_counter() - started
     return result
+
+
+@dataclass(frozen=True)
+class PartsRead:
+    """The parts one partitioned step was read from: (part directory, its manifest) each."""
+
+    members: tuple[tuple[Path, layout.Manifest], ...]
+
+
+def check_parts(params: Mapping[str, object], *, mode: str, step: int, parts: PartsRead) -> SwapCheck:
+    """``check`` for a partitioned step: each part against the live regions of the parameters it holds."""
+    started = time.perf_counter()
+    result = SwapCheck(mode)
+    if mode == "off":
+        return result
+    for step_dir, manifest in parts.members:
+        live = {}
+        for p in manifest.params:
+            view = _host_view(params.get(p.name))
+            if view is None:
+                result.unchecked.append(p.name)
+            else:
+                region = p.sliced.region if p.sliced is not None else ()
+                live[p.name] = view[tuple(slice(a, b) for a, b in region)]
+        if mode == "full":
+            _full_against_manifest(live, step_dir, manifest, result)
+        else:
+            _sampled_against_files(live, step_dir, manifest, step, result)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def parts_digest(parts: PartsRead) -> tuple[str, str]:
+    """``weights_digest`` of a partitioned step: over every part's verified file digests, in part order."""
+    listing = "\n".join(f"{path.name}/{f.name} {m.hash_algorithm}:{f.digest}" for path, m in parts.members
+                        for f in m.files)
+    return hashlib.sha256(listing.encode()).hexdigest(), "sha256 of every part's verified file digests"
 
 
 def _host_view(param) -> np.ndarray | None:

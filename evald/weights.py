@@ -13,22 +13,29 @@ from typing import Callable, Mapping
 import numpy as np
 
 from evald import name_fit
-from evald.checkpoints import FOREIGN_KINDS, CheckpointDeleted, CheckpointError, CheckpointUnreadable
+from evald.checkpoints import FOREIGN_KINDS, PARTS, CheckpointDeleted, CheckpointError, CheckpointUnreadable
 from evald.confinement import confined, foreign_limit
 from evald.contracts import layout
 from evald.file_access import Unreadable, check_readable
 from evald.hot_swap import NetworkMismatch, NetworkWeights
+from evald.swap_check import PartsRead
 
 
-def load_into(weights: NetworkWeights, path: Path, kind: str) -> layout.Manifest | dict[str, np.ndarray]:
+def load_into(weights: NetworkWeights, path: Path, kind: str
+              ) -> layout.Manifest | dict[str, np.ndarray] | PartsRead:
     """Swap the checkpoint at ``path`` into the network; CheckpointError says what is wrong with it.
 
     evald-layout: the fit is checked from the manifest before a byte is read, then every file is
     read once, verified as it is read, straight into the parameters' memory where it can be.
     Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
-    Returns what the swap can be checked against (evald.swap_check): the manifest, or the
-    foreign file's weights as MindSpore loaded them.
+    Parts of a partitioned snapshot (``path`` names them all): evald.assembly.
+    Returns what the swap can be checked against (evald.swap_check): the manifest, the parts,
+    or the foreign file's weights as MindSpore loaded them.
     """
+    if kind == PARTS:
+        from evald.assembly import load_parts
+
+        return load_parts(weights, path.parent, path.name)
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
     if kind in FOREIGN_KINDS:

@@ -7,7 +7,7 @@ $EVALD_MSRUN_WORKERS (default 4) CPU workers and checks that
 * msrun exits 0 within the timeout (no rank hung in a collective);
 * every rank stopped at exactly S, having agreed through MindSpore's
   AllReduce-SUM that EvaldCallback picked up by itself (``mindspore_reduce_sum``);
-* rank 0 wrote the final checkpoint ``ckpt_dir/step_<S:09d>/MANIFEST.json``;
+* every rank wrote its part of the final checkpoint ``ckpt_dir/step_<S:09d>-part-<r>-of-<N>/``;
 * the ranks' weights are identical (data parallel really ran).
 """
 
@@ -27,7 +27,7 @@ import pytest
 
 zmq = pytest.importorskip("zmq")
 
-from evald.contracts import layout  # noqa: E402
+from evald.contracts import layout, partition  # noqa: E402
 from evald.contracts.wire import ControlState  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,10 +113,10 @@ def _run(work: Path) -> None:
            "--run-id", run_id, "--out-dir", str(out_dir), "--steps", str(STEPS),
            "--every-n-steps", str(EVERY_N)]
 
-    # Publish only once rank 0 committed its step-EVERY_N checkpoint, so the agreement first
+    # Publish only once rank 0 committed its part of the step-EVERY_N checkpoint, so the agreement first
     # runs ~EVERY_N zero-vote AllReduces (no false stop), then carries the decision; S - EVERY_N
     # steps (seconds here) are left for the message to arrive, so the stop is at exactly S.
-    first_ckpt = ckpt_dir / layout.step_dir_name(EVERY_N) / layout.MANIFEST_FILE
+    first_ckpt = ckpt_dir / partition.part_dir_name(EVERY_N, 0, WORKERS) / layout.MANIFEST_FILE
     pub = _Publisher(control, ControlState(run_id=run_id, seq=1, stop_at_step=STOP_AT, reason="test stop"),
                      after=first_ckpt.exists)
     t0 = time.monotonic()
@@ -162,11 +162,12 @@ def _run(work: Path) -> None:
         assert f"stopping at step {STOP_AT}" in log_text, f"worker_{r}.log:\n{log_text[-3000:]}"
     assert len({round(res["weights_abs_sum"], 5) for res in results}) == 1, "weights differ across ranks"
 
-    manifest = ckpt_dir / layout.step_dir_name(STOP_AT) / layout.MANIFEST_FILE
-    assert manifest.exists(), f"no final checkpoint at step {STOP_AT}: {sorted(os.listdir(ckpt_dir))}"
-    assert layout.read_manifest(manifest.parent).step == STOP_AT
-    committed = [step for step, _ in layout.list_committed(ckpt_dir)]
-    assert committed == [EVERY_N, STOP_AT], committed  # rank 0 only, periodic + final
+    for r in range(WORKERS):  # every rank writes its part of each snapshot (docs/checkpoint-layout.md)
+        manifest = ckpt_dir / partition.part_dir_name(STOP_AT, r, WORKERS) / layout.MANIFEST_FILE
+        assert manifest.exists(), f"no final part {r} at step {STOP_AT}: {sorted(os.listdir(ckpt_dir))}"
+        assert layout.read_manifest(manifest.parent).step == STOP_AT
+    committed = sorted({p[0] for p in map(partition.parse_part_dir_name, os.listdir(ckpt_dir)) if p})
+    assert committed == [EVERY_N, STOP_AT], committed  # periodic + final, in parts
 
     # The collective EvaldCallback picks by itself (mindspore_reduce_sum): rank r sent [r, 1].
     for res in results:

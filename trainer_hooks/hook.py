@@ -9,7 +9,9 @@ implementation. The promises (DEVELOPERS.md, "training is sacred"):
   written is skipped and counted, never waited for.
 * No method raises into the training loop: every failure is logged, counted
   and training goes on. An absent or dead evald changes nothing.
-* By default only rank 0 writes snapshots (``writer_ranks``).
+* Every rank writes its part of each snapshot (``writer_ranks``, default all:
+  trainer_hooks.partition_plan); the first writer rank also announces the run and
+  sends the training scalars.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from evald.contracts.wire import (
 from trainer_hooks.factory_path import default_search_path
 from trainer_hooks.host_copy import host_copy_of_weights
 from trainer_hooks.notifier import Notifier
+from trainer_hooks.partition_plan import planner, shared_run_id, writer_list
 from trainer_hooks.retention import Retention
 from trainer_hooks.snapshot_writer import SnapshotJob, SnapshotWriter
 from trainer_hooks.stop_agreement import (
@@ -92,7 +95,8 @@ class EvaldHook:
         total_steps: the run's length, for the ETA.
         endpoint: evald's notification endpoint; default: the local one evald binds.
         control_endpoint: evald's control endpoint (stop decisions); default: beside ``endpoint``.
-        writer_ranks: ranks that write snapshots (default rank 0 only), or ``"all"``.
+        writer_ranks: ranks that write snapshots, default ``"all"``; with several, each writes its part
+            of every snapshot (docs/checkpoint-layout.md, "Partitioned snapshots"). Build the hook on every rank.
         rank: this process's rank; default: from MindSpore or ``RANK_ID``/``RANK``.
         world_size: default: from MindSpore or ``RANK_SIZE``/``WORLD_SIZE``.
         telemetry_every: send training scalars to evald every this many steps.
@@ -108,6 +112,10 @@ class EvaldHook:
         server_public_key: evald's CURVE public key file; default ``$EVALD_SERVER_PUBLIC_KEY``.
         allow_plaintext: send over ``tcp://`` without CURVE (anyone on the path can read and forge).
         max_bytes: disk budget in bytes of snapshots, like ``keep_last`` (either or both).
+        holds: the parameters this rank holds (names or a predicate), when ranks hold different ones
+            (pipeline stages): it writes exactly those.
+        tensor_layouts: ``{name: {"dev_matrix", "tensor_map"}}`` of tensor-parallel slices, or a cell whose
+            ``parameter_layout_dict`` has them (default: ``network``'s); untested on a real sharded job.
 
     Returns:
         ``step_end`` returns True when every rank has agreed to stop at this step: leave the loop.
@@ -137,7 +145,7 @@ class EvaldHook:
         total_steps: int | None = None,
         endpoint: str | None = None,
         control_endpoint: str | None = None,
-        writer_ranks: Iterable[int] | str = (0,),
+        writer_ranks: Iterable[int] | str = "all",
         rank: int | None = None,
         world_size: int | None = None,
         telemetry_every: int = 10,
@@ -151,6 +159,8 @@ class EvaldHook:
         server_public_key: str | os.PathLike | None = None,
         allow_plaintext: bool | None = None,
         max_bytes: int | None = None,
+        holds: Iterable[str] | Callable[[str], bool] | None = None,
+        tensor_layouts: Any = None,
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.network = network
@@ -160,7 +170,6 @@ class EvaldHook:
         self.lr_advice_handler = lr_advice_handler
         self.errors = 0
         self.snapshots_taken = 0
-        self.last_snapshot_step: int | None = None
         self.stop_reason = ""
         self._finished = False
         self._last_lr_advice_seq = -1
@@ -168,12 +177,13 @@ class EvaldHook:
         detected_rank, detected_world = _detect_rank()
         self.rank = detected_rank if rank is None else rank
         self.world_size = detected_world if world_size is None else world_size
-        self.run_id = run_id or os.environ.get("EVALD_RUN_ID") or f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        writers = None if writer_ranks == "all" else set(writer_ranks)  # type: ignore[arg-type]
-        self.is_writer = writers is None or self.rank in writers
-        base_dir = Path(ckpt_dir).resolve()
-        # Extra writer ranks (off by default) write beside rank 0 in their own directory.
-        self.ckpt_dir = base_dir if self.rank == 0 or not self.is_writer else base_dir / f"rank_{self.rank}"
+        self.writers = writer_list(writer_ranks, self.world_size)  # with several, each writes its part
+        self.is_writer = self.rank in self.writers
+        self.is_lead = self.is_writer and self.rank == self.writers[0]  # announces; sends the scalars
+        self.run_id = run_id or os.environ.get("EVALD_RUN_ID") or shared_run_id(
+            reduce_sum, self.rank, self.world_size, self.writers,
+            f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
+        self.ckpt_dir = Path(ckpt_dir).resolve()
         self.endpoint = endpoint or default_endpoint()
         self.control_endpoint = control_endpoint or default_control_endpoint()
 
@@ -192,11 +202,15 @@ class EvaldHook:
                     self.ckpt_dir, self.run_id, on_committed=self._on_committed,
                     producer={"rank": self.rank, "world_size": self.world_size,
                               "host": socket.gethostname(), "pid": os.getpid()},
+                    # every writer hears evald's leases: with partitions each rank deletes its own parts
                     retention=Retention(self.ckpt_dir, keep_last=keep_last, max_bytes=max_bytes,
-                                        control_endpoint=self.control_endpoint if self.rank == 0 else None,
-                                        run_id=self.run_id) if keep_last or max_bytes else None)
+                                        control_endpoint=self.control_endpoint, run_id=self.run_id)
+                    if keep_last or max_bytes else None,
+                    planner=planner(self.rank, self.writers, holds, tensor_layouts),
+                )
                 if network is not None:
                     self.writer.prepare(network, optimizer)
+            if self.is_lead:
                 announcement = RunAnnounced(
                     run_id=self.run_id, ckpt_dir=str(self.ckpt_dir), task=task,
                     model_factory=_factory(model_factory, "model_factory"),
@@ -206,7 +220,7 @@ class EvaldHook:
                 )
                 layout.remove_run_end(self.ckpt_dir)  # a previous run's end is not this run's
                 layout.write_run_file(self.ckpt_dir, announcement.encode().decode())
-                self.notifier.send(announcement)
+                self.notifier.send(announcement)  # type: ignore[union-attr]
             if obey_stop:
                 if self.world_size > 1 and reduce_sum is None:
                     reduce_sum = mindspore_reduce_sum()
@@ -248,7 +262,7 @@ class EvaldHook:
                   overflow, samples, tokens, extra_scalars, data_offset, seed) -> None:
         scalars = {"loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
                    "loss_scale": loss_scale, "overflow": overflow, **(extra_scalars or {})}
-        if self.notifier is not None:
+        if self.notifier is not None and self.is_lead:
             batch = self.telemetry.record(step, {k: v for k, v in scalars.items() if v is not None},
                                           samples=samples, tokens=tokens)
             if batch:
@@ -290,7 +304,6 @@ class EvaldHook:
         )
         if self.writer.try_snapshot(step, network, optimizer, epoch=epoch, resume=resume):
             self.snapshots_taken += 1
-            self.last_snapshot_step = step
 
     @staticmethod
     def _scalar(value: Any) -> float | None:
@@ -332,12 +345,14 @@ class EvaldHook:
             if self.writer is not None:
                 self.writer.wait_idle(self.final_snapshot_timeout_s)  # was the last one written, or skipped?
                 if network is not None and self.writer.last_committed != final_step:
-                    weights = host_copy_of_weights(network, optimizer or self.optimizer)
+                    weights = host_copy_of_weights(network, optimizer or self.optimizer,
+                                                   self.writer.rows_for(network, optimizer or self.optimizer))
                     job = SnapshotJob(step=final_step, weights=weights, epoch=epoch, final=True)
-                    if self.writer.submit_final(job, self.final_snapshot_timeout_s):
-                        self.last_snapshot_step = final_step
+                    self.writer.submit_final(job, self.final_snapshot_timeout_s)
                 self.writer.close(timeout_s=self.final_snapshot_timeout_s)
-            if self.notifier is not None:
+            if self.notifier is not None and not self.is_lead:
+                self.notifier.close()
+            elif self.notifier is not None:
                 batch = self.telemetry.flush()
                 if batch:
                     self.notifier.send(TrainMetrics(run_id=self.run_id, records=tuple(batch)))

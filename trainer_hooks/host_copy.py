@@ -25,7 +25,7 @@ and PyNative-only.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from evald.contracts.manifest import numpy_dtype_of
 log = logging.getLogger("trainer_hooks.host_copy")
 
 Weights = dict[str, np.ndarray]
+# A partitioned snapshot (trainer_hooks.partition_plan) copies only some weights, some only in part:
+# name -> the [start, stop) rows of its first dimension, or None for all of it.
+Rows = Mapping[str, "tuple[int, int] | None"]
 
 
 def weight_parameters(cell, optimizer=None) -> list[tuple[str, object]]:
@@ -54,9 +57,18 @@ def weight_parameters(cell, optimizer=None) -> list[tuple[str, object]]:
     return [(name, p) for name, p in named if id(p) not in state]
 
 
-def host_copy_of_weights(cell, optimizer=None) -> Weights:
+def host_copy_of_weights(cell, optimizer=None, rows: Rows | None = None) -> Weights:
     """``{parameter name: independent numpy copy}`` of the weights of ``cell`` (fresh arrays)."""
-    return {name: np.array(p.asnumpy(), copy=True) for name, p in weight_parameters(cell, optimizer)}
+    return {name: np.array(_rows(p.asnumpy(), r), copy=True) for name, p, r in _planned(cell, optimizer, rows)}
+
+
+def _planned(cell, optimizer, rows: Rows | None) -> list[tuple[str, object, "tuple[int, int] | None"]]:
+    pairs = weight_parameters(cell, optimizer)
+    return [(n, p, None) for n, p in pairs] if rows is None else [(n, p, rows[n]) for n, p in pairs if n in rows]
+
+
+def _rows(array: np.ndarray, rows: "tuple[int, int] | None") -> np.ndarray:
+    return array if rows is None else array[rows[0]:rows[1]]  # a contiguous view: the rows of a C array
 
 
 class HostBuffers:
@@ -77,7 +89,7 @@ class HostBuffers:
         """The buffers as they stand (for inspection: the owner decides when they may be read)."""
         return dict(self._arrays)
 
-    def allocate(self, cell, optimizer=None) -> None:
+    def allocate(self, cell, optimizer=None, rows: Rows | None = None) -> None:
         """Allocate and touch a buffer for every weight ahead of the first ``copy`` (CPU only).
 
         Reads shapes and dtypes, never parameter data, so it may run beside training.
@@ -85,30 +97,31 @@ class HostBuffers:
         if _device_target() != "CPU":
             return
         arrays = {}
-        for name, param in weight_parameters(cell, optimizer):
+        for name, param, part in _planned(cell, optimizer, rows):
             dtype = numpy_dtype_of(param.dtype)
             if dtype is None:
                 continue  # left to the first copy
-            arrays[name] = np.empty(tuple(param.shape), dtype)
+            shape = tuple(param.shape) if part is None else (part[1] - part[0], *tuple(param.shape)[1:])
+            arrays[name] = np.empty(shape, dtype)
             arrays[name].fill(0)  # first touch here, not on the training thread
         self._arrays = arrays
 
-    def copy(self, cell, optimizer=None) -> Callable[[], Weights]:
+    def copy(self, cell, optimizer=None, rows: Rows | None = None) -> Callable[[], Weights]:
         """Copy the weights of ``cell`` into the buffers; return ``ready() -> weights``.
 
         On CPU the copy is done when this returns and ``ready`` just hands over
         the buffers. On Ascend the copy may only be enqueued: ``ready`` waits for it.
         """
-        pairs = weight_parameters(cell, optimizer)
+        planned = _planned(cell, optimizer, rows)
         if _device_target() == "Ascend" and not self._device_async_failed:
             try:
-                return _enqueue_device_copies(pairs, self._pinned)
+                return _enqueue_device_copies(planned, self._pinned)
             except Exception:  # the unmeasured path failed: say so once, then block instead
                 self._device_async_failed = True
                 log.exception("non-blocking device->host copy failed; snapshots use blocking copies")
         arrays = {}
-        for name, param in pairs:
-            source = param.asnumpy()
+        for name, param, part in planned:
+            source = _rows(param.asnumpy(), part)
             target = self._arrays.get(name)
             if target is None or target.shape != source.shape or target.dtype != source.dtype:
                 target = np.empty(source.shape, source.dtype)  # first snapshot (or a changed network)
@@ -128,16 +141,16 @@ def _enqueue_device_copies(pairs, pinned: dict) -> Callable[[], Weights]:
     """UNMEASURED (needs Ascend): enqueue D2H copies into reused pinned tensors, return a waiter."""
     import mindspore as ms
 
-    for name, param in pairs:
+    for name, param, _ in pairs:  # whole parameters: a planned row range is cut on the host (unmeasured)
         host = pinned.get(name)
         if host is None or tuple(host.shape) != tuple(param.shape) or host.dtype != param.dtype:
             host = pinned[name] = ms.Tensor(np.zeros(param.shape, numpy_dtype_of(param.dtype))).pin_memory()
         host.copy_(param, non_blocking=True)
     done = ms.runtime.Event()
     done.record(ms.runtime.current_stream())
-    names = [name for name, _ in pairs]
+    parts = [(name, part) for name, _, part in pairs]
 
     def ready() -> Weights:
         done.synchronize()
-        return {name: pinned[name].asnumpy() for name in names}
+        return {name: _rows(pinned[name].asnumpy(), part) for name, part in parts}
     return ready

@@ -120,6 +120,8 @@ class Retention:
         self.skipped = 0
         self.last_skip_reason = ""
         self._held: list[int] = []
+        # (step, directory) of the snapshots this writer may delete: its whole ones, or its parts (set by the writer)
+        self.list_own: Callable[[], list[tuple[int, Path]]] = lambda: layout.list_committed(self.ckpt_dir)
 
     def listen(self) -> None:
         """Connect now (on the writer thread), so that evald's state is there by the first snapshot."""
@@ -200,7 +202,7 @@ class Retention:
 
     def _on_disk(self) -> list[Snapshot]:
         found = []
-        for step, path in layout.list_committed(self.ckpt_dir):
+        for step, path in self.list_own():
             if path not in self._sizes:
                 try:
                     self._sizes[path] = sum(f.bytes for f in layout.read_manifest(path).files) + os.path.getsize(

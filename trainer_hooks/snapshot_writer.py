@@ -20,6 +20,7 @@ what evald has released, or says to skip the snapshot (counted).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from evald.contracts import layout
+from evald.contracts.partition import PART_DIR_PATTERN, parse_part_dir_name
 from trainer_hooks.host_copy import HostBuffers
+from trainer_hooks.partition_plan import PartitionPlan
 from trainer_hooks.retention import Retention
 
 log = logging.getLogger("trainer_hooks.snapshot_writer")
@@ -63,11 +66,18 @@ class SnapshotWriter:
         shard_bytes: int = layout.SHARD_BYTES,
         threads: int | None = None,
         retention: Retention | None = None,
+        partition: PartitionPlan | None = None,
+        planner: Callable[[Any, Any], PartitionPlan | None] | None = None,
     ) -> None:
         self.ckpt_dir = Path(ckpt_dir)
+        # This rank's part of each snapshot (None: whole snapshots), or how to plan it once the network is known.
+        self.partition = partition
+        self._planner = planner
         self.run_id = run_id
         # keep_last alone (no evald channel): the budget decides, oldest first
         self.retention = retention or (Retention(self.ckpt_dir, keep_last=keep_last) if keep_last else None)
+        if self.retention is not None:
+            self.retention.list_own = self.own_snapshots  # a rank of a partitioned run deletes only its own parts
         self.written = 0
         self.last_committed: int | None = None  # the step of the last snapshot actually committed
         self.skipped_busy = 0
@@ -138,7 +148,7 @@ class SnapshotWriter:
             self._filling = True  # reserved: from here until the job is queued, the buffers are ours
         job = None
         try:
-            ready = self._buffers.copy(network, optimizer)
+            ready = self._buffers.copy(network, optimizer, self.rows_for(network, optimizer))
             job = SnapshotJob(step=step, weights=ready, epoch=epoch, resume=resume or layout.ResumeInfo())
         finally:
             with self._cond:
@@ -190,13 +200,19 @@ class SnapshotWriter:
                 return
             self._allocating = True
         try:
-            self._buffers.allocate(job.network, job.optimizer)
+            self._buffers.allocate(job.network, job.optimizer, self.rows_for(job.network, job.optimizer))
         except Exception as exc:  # the first snapshot allocates instead
             log.warning("host buffers not prepared (%r); the first snapshot allocates them", exc)
         finally:
             with self._cond:
                 self._allocating = False
                 self._cond.notify_all()
+
+    def rows_for(self, network: Any, optimizer: Any = None):
+        """What of ``network`` this rank copies (trainer_hooks.host_copy.Rows); None: every weight."""
+        if self.partition is None and self._planner is not None and network is not None:
+            self.partition = self._planner(network, optimizer)
+        return None if self.partition is None else self.partition.rows
 
     def _run(self) -> None:
         if self.retention is not None:
@@ -238,10 +254,21 @@ class SnapshotWriter:
         final = layout.write_checkpoint(
             self.ckpt_dir, job.step, weights, run_id=self.run_id, epoch=job.epoch,
             resume=job.resume, producer=self._producer, shard_bytes=self._shard_bytes,
-            threads=self._threads,
+            threads=self._threads, part=self.partition and self.partition.part,
+            slices=self.partition and self.partition.slices,
         )
         self.written += 1
         self.last_committed = job.step
         manifest = layout.read_manifest(final)
         log.info("committed snapshot %s", final.name)
         self._on_committed(job.step, final, manifest.commit_time)
+
+
+    def own_snapshots(self) -> list[tuple[int, Path]]:
+        """(step, directory) of the snapshots this writer committed, by step: whole ones, or this rank's parts."""
+        if self.partition is None:
+            return layout.list_committed(self.ckpt_dir)
+        mine = (self.partition.part.index, self.partition.part.count)
+        found = [(parse_part_dir_name(e.name), Path(e.path)) for e in os.scandir(self.ckpt_dir)
+                 if PART_DIR_PATTERN.match(e.name) and (Path(e.path) / layout.MANIFEST_FILE).exists()]
+        return sorted((info[0], path) for info, path in found if info and info[1:] == mine)

@@ -45,6 +45,9 @@ class TuningOptions:
     lease_s: float = opt(60.0, "how long the trainer may rely on evald's retention leases after it last heard "
                          "them (raised to 3x the longest checkpoint load seen)", kind="float", min=2.0,
                          max=7 * 86400.0)
+    parts_timeout_s: float = opt(300.0, "seconds the parts of a partitioned snapshot may take to all be "
+                                 "committed after the first one; then the step is recorded as incomplete",
+                                 kind="float", min=0.0, max=86400)
 
 
 @dataclass(frozen=True)

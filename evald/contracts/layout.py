@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from evald.contracts import parallel_io
+from evald.contracts import parallel_io, partition
 from evald.contracts import safetensors_io as sio
 from evald.contracts import small_files
 from evald.contracts.manifest import (  # noqa: F401  (public names of the layout contract)
@@ -41,7 +41,7 @@ RUN_FILE = "RUN.json"
 RUN_END_FILE = "RUN_END.json"
 EVALD_SUBDIR = "evald"
 STEP_DIR_PATTERN = re.compile(r"^step_(\d{9,})$")
-TEMP_DIR_PATTERN = re.compile(r"^\.step_(\d+)\.tmp-[0-9a-f]+$")
+TEMP_DIR_PATTERN = re.compile(r"^\.step_(\d+)(?:-part-\d+-of-\d+)?\.tmp-[0-9a-f]+$")  # a whole snapshot or a part
 # A snapshot larger than this is split into files of about this size (whole parameters each),
 # written, hashed and later read in parallel threads. See docs/performance.md for the choice.
 SHARD_BYTES = 128 << 20
@@ -119,19 +119,22 @@ def write_checkpoint(
     before_commit: Callable[[Path], None] | None = None,
     shard_bytes: int = SHARD_BYTES,
     threads: int | None = None,
+    part: partition.PartInfo | None = None,
+    slices: Mapping[str, partition.SliceSpec] | None = None,
 ) -> Path:
-    """Commit ``weights`` (host numpy arrays) as checkpoint ``step``; return its directory.
+    """Commit ``weights`` (host numpy arrays) as checkpoint ``step``, or as ``part`` of it; return its directory.
 
     AlreadyCommitted if that step is committed (a resumed run repeating a step keeps
     the first); OSError on IO failure (the temp directory is removed). ``before_commit``
-    is a test seam run on the complete temp directory just before the rename.
+    is a test seam run on the complete temp directory just before the rename. A part (layout version 3)
+    lists in ``slices`` the parameters it holds only a region of (evald.contracts.partition).
     """
     ckpt_dir = Path(ckpt_dir)
-    final = ckpt_dir / step_dir_name(step)
+    final = ckpt_dir / (partition.part_dir_name(step, part.index, part.count) if part else step_dir_name(step))
     if final.exists():
         raise AlreadyCommitted(f"checkpoint {final} is already committed; not overwriting it")
     plan = plan_files(weights, shard_bytes)
-    tmp = ckpt_dir / f".{step_dir_name(step)}.tmp-{secrets.token_hex(6)}"
+    tmp = ckpt_dir / f".{final.name}.tmp-{secrets.token_hex(6)}"
     tmp.mkdir(parents=True)
     try:
         written = parallel_io.write_files(tmp, plan, HASH_ALGORITHM, threads)
@@ -141,11 +144,13 @@ def write_checkpoint(
             step=int(step),
             epoch=epoch,
             commit_time=time.time(),
-            files=tuple(FileSpec(w.name, w.nbytes, w.digest) for w in written),
-            params=tuple(sorted((ParamSpec(s.name, s.shape, s.dtype, w.name, s.offset)
+            files=tuple(FileSpec(w.name, w.nbytes, w.digest, part and part.rank) for w in written),
+            params=tuple(sorted((ParamSpec(s.name, s.shape, s.dtype, w.name, s.offset, (slices or {}).get(s.name))
                                  for w in written for s in w.segments), key=lambda p: order[p.name])),
             resume=resume or ResumeInfo(),
             producer=dict(producer or {}),
+            layout_version=partition.PARTS_LAYOUT_VERSION if part else LAYOUT_VERSION,
+            parts=part,
         )
         manifest_path = tmp / MANIFEST_FILE
         with open(manifest_path, "w", encoding="utf-8") as f:

@@ -20,15 +20,15 @@ import numpy as np
 
 from evald.contracts import manifest_fields
 from evald.contracts import safetensors_io as sio
+from evald.contracts.partition import PARTS_LAYOUT_VERSION, PartInfo, PartitionError, SliceSpec
 
-LAYOUT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+LAYOUT_VERSION = 2                  # a whole snapshot; a part of a partitioned one is PARTS_LAYOUT_VERSION
+READABLE_VERSIONS = (1, 2, PARTS_LAYOUT_VERSION)
 MANIFEST_FILE = "MANIFEST.json"
 WEIGHTS_FILE = "weights.safetensors"
 HASH_ALGORITHM = "sha256"   # why: docs/performance.md ("Integrity check")
 HASH_VERSION = 1            # 1: one digest per file, of all its bytes in order
-# Reserved for partitioned snapshots written by several ranks (docs/checkpoint-layout.md);
-# this reader cannot assemble them, so it refuses them instead of misreading them.
+# Keys of a part of a partitioned snapshot (evald.contracts.partition): only version 3 has them.
 PARTITION_KEYS = ("parts",), ("slice", "global_shape"), ("rank",)
 _SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
@@ -48,6 +48,7 @@ class ParamSpec:
     dtype: str                      # numpy dtype name
     file: str = WEIGHTS_FILE        # the weights file that holds it
     offset: int | None = None       # absolute byte offset in that file; None in version 1
+    sliced: SliceSpec | None = None  # version 3: the region of the full parameter this entry holds
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class FileSpec:
     name: str
     bytes: int
     digest: str                     # hex digest of all the file's bytes (Manifest.hash_algorithm)
+    rank: int | None = None         # version 3: the rank that wrote it
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Manifest:
     producer: Mapping[str, Any] = field(default_factory=dict)
     hash_algorithm: str = HASH_ALGORITHM
     layout_version: int = LAYOUT_VERSION
+    parts: PartInfo | None = None   # version 3: which part of the snapshot this is
 
     # Version-1 names, for callers that predate several files.
     @property
@@ -100,7 +103,7 @@ class Manifest:
         return self.files[0]
 
     def to_json(self) -> str:
-        data = {k: v for k, v in asdict(self).items() if k not in ("files", "params", "hash_algorithm")}
+        data = {k: v for k, v in asdict(self).items() if k not in ("files", "params", "hash_algorithm", "parts")}
         if self.layout_version == 1:
             data.update(weights_file=self.weights_file, weights_bytes=self.weights_bytes,
                         weights_sha256=self.weights_sha256,
@@ -109,7 +112,12 @@ class Manifest:
             data["hash"] = {"algorithm": self.hash_algorithm, "version": HASH_VERSION}
             data["files"] = [{"name": f.name, "bytes": f.bytes, "digest": f.digest} for f in self.files]
             data["params"] = [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "file": p.file,
-                               "offset": p.offset} for p in self.params]
+                               "offset": p.offset, **(p.sliced.to_json() if p.sliced else {})}
+                              for p in self.params]
+            if self.parts is not None:
+                data["parts"] = self.parts.to_json()
+                for f, spec in zip(data["files"], self.files):
+                    f["rank"] = spec.rank
         return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
@@ -122,7 +130,8 @@ class Manifest:
                     f"{source}: layout_version {version!r} is not one this code reads {READABLE_VERSIONS}; "
                     f"upgrade evald or the trainer hook so both agree"
                 )
-            _refuse_partitioned(data, source)
+            if version != PARTS_LAYOUT_VERSION:
+                _refuse_partitioned(data, source)
             manifest_fields.check(data, version)  # every value within bounds before it is used
             if version == 1:
                 algorithm = "sha256"
@@ -135,9 +144,10 @@ class Manifest:
                 if algorithm not in sio.HASHES or hash_version != HASH_VERSION:
                     raise LayoutError(f"{source}: integrity hash {algorithm!r} version {hash_version!r} is "
                                       f"not one this evald checks; upgrade evald")
-                files = tuple(FileSpec(str(f["name"]), int(f["bytes"]), str(f["digest"])) for f in data["files"])
+                files = tuple(FileSpec(str(f["name"]), int(f["bytes"]), str(f["digest"]),
+                                       None if f.get("rank") is None else int(f["rank"])) for f in data["files"])
                 params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), str(p["file"]),
-                                         int(p["offset"])) for p in data["params"])
+                                         int(p["offset"]), SliceSpec.from_json(p)) for p in data["params"])
             manifest = cls(
                 run_id=str(data["run_id"]),
                 step=int(data["step"]),
@@ -149,9 +159,12 @@ class Manifest:
                 producer=dict(data.get("producer") or {}),
                 hash_algorithm=algorithm,
                 layout_version=int(version),
+                parts=PartInfo.from_json(data["parts"]) if version == PARTS_LAYOUT_VERSION else None,
             )
         except LayoutError:
             raise
+        except PartitionError as exc:
+            raise LayoutError(f"{source}: not a valid part of a partitioned checkpoint: {exc}") from exc
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise LayoutError(f"{source}: not a valid manifest ({exc!r})") from exc
         _check(manifest, source)
@@ -169,8 +182,9 @@ def _refuse_partitioned(data: Mapping, source: str) -> None:
     top, per_param, per_file = PARTITION_KEYS
     if (any(k in data for k in top) or any(k in p for p in data.get("params", ()) for k in per_param)
             or any(k in f for f in data.get("files", ()) for k in per_file)):
-        raise LayoutError(f"{source}: a partitioned checkpoint (written in parts by several ranks); this "
-                          f"evald reads only whole snapshots; upgrade evald")
+        raise LayoutError(f"{source}: a partitioned checkpoint's keys (parts, slice, rank) in a version "
+                          f"{data.get('layout_version')} manifest; parts are layout version "
+                          f"{PARTS_LAYOUT_VERSION}")
 
 
 def _check(manifest: Manifest, source: str) -> None:
@@ -186,6 +200,8 @@ def _check(manifest: Manifest, source: str) -> None:
         if f.bytes < 8 or not re.fullmatch(f"[0-9a-f]{{{digest_len}}}", f.digest):
             problems.append(f"file {f.name!r}: bad size {f.bytes} or {manifest.hash_algorithm} digest")
         sizes[f.name] = f.bytes
+        if manifest.parts is not None and f.rank != manifest.parts.rank:
+            problems.append(f"file {f.name!r} names rank {f.rank}, but this is rank {manifest.parts.rank}'s part")
     seen, spans = set(), {}
     for p in manifest.params:
         if p.name in seen:
@@ -196,6 +212,11 @@ def _check(manifest: Manifest, source: str) -> None:
         except sio.WeightsFileError as exc:
             problems.append(f"parameter {p.name!r}: {exc}")
             continue
+        if p.sliced is not None:
+            try:
+                p.sliced.check(p.shape)
+            except PartitionError as exc:
+                problems.append(f"parameter {p.name!r}: {exc}")
         if p.file not in sizes:
             problems.append(f"parameter {p.name!r} is in {p.file!r}, which the manifest does not list")
         elif p.offset is not None:

@@ -21,6 +21,7 @@ MAX_DIMS = 64                # dimensions of one parameter
 MAX_PARAM_NAME_BYTES = 4096
 MAX_FILE_NAME_BYTES = 255    # NAME_MAX
 MAX_SHORT_BYTES = 256        # dtype, hash algorithm, digest
+MAX_PART_RANKS = 1 << 16     # ranks listed by a partitioned snapshot's part: one per part (partition.MAX_PARTS)
 _RESUME_KEYS = {"learning_rate": F.finite, "loss_scale": F.finite, "seed": None, "data_offset": F.uint}
 
 
@@ -79,6 +80,8 @@ def check(data: Mapping[str, Any], version: int) -> None:
         if version != 1:
             _short(_get(param, "file", f"params[{i}]."), f"params[{i}].file", MAX_FILE_NAME_BYTES)
             F.uint(_get(param, "offset", f"params[{i}]."), f"params[{i}].offset")
+        _check_slice(param, f"params[{i}]")
+    _check_parts(data)
     if data.get("resume") is not None:
         for key, value in _object(data["resume"], "resume").items():
             if key not in _RESUME_KEYS:
@@ -87,6 +90,47 @@ def check(data: Mapping[str, Any], version: int) -> None:
                 (_RESUME_KEYS[key] or _int64)(value, f"resume.{key}")
     if data.get("producer") is not None:
         F.json_object(data["producer"], "producer")
+
+
+def _check_slice(param: Mapping[str, Any], where: str) -> None:
+    """A partitioned snapshot's slice of a parameter (layout version 3): small lists of small integers."""
+    if "slice" in param:
+        for d, bounds in enumerate(_dims(param["slice"], f"{where}.slice")):
+            pair = _list(bounds, f"{where}.slice[{d}]")
+            if len(pair) != 2:
+                raise ManifestFieldError(f"{where}.slice[{d}]: must be [start, stop], got {F.preview(pair)}")
+            for value in pair:
+                F.uint(value, f"{where}.slice[{d}]")
+    if "global_shape" in param:
+        for d, dim in enumerate(_dims(param["global_shape"], f"{where}.global_shape")):
+            F.uint(dim, f"{where}.global_shape[{d}]")
+    if param.get("layout") is not None:
+        tensor_layout = _object(param["layout"], f"{where}.layout")
+        for key in ("dev_matrix", "tensor_map"):
+            for d, value in enumerate(_dims(_get(tensor_layout, key, f"{where}.layout."), f"{where}.layout.{key}")):
+                _int64(value, f"{where}.layout.{key}[{d}]")
+
+
+def _check_parts(data: Mapping[str, Any]) -> None:
+    if "parts" in data:
+        parts = _object(data["parts"], "parts")
+        F.uint(_get(parts, "index", "parts."), "parts.index")
+        F.uint(_get(parts, "count", "parts."), "parts.count")
+        ranks = _list(_get(parts, "ranks", "parts."), "parts.ranks")
+        if len(ranks) > MAX_PART_RANKS:
+            raise ManifestFieldError(f"parts.ranks: {len(ranks)} ranks exceed {MAX_PART_RANKS}")
+        for r, rank in enumerate(ranks):
+            F.uint(rank, f"parts.ranks[{r}]")
+    for i, spec in enumerate(data.get("files") or []):
+        if isinstance(spec, dict) and "rank" in spec:
+            F.uint(spec["rank"], f"files[{i}].rank")
+
+
+def _dims(value: Any, where: str) -> list:
+    values = _list(value, where)
+    if len(values) > MAX_DIMS:
+        raise ManifestFieldError(f"{where}: {len(values)} dimensions exceed {MAX_DIMS}")
+    return values
 
 
 def _get(data: Mapping[str, Any], key: str, where: str = "") -> Any:
