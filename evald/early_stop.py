@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evald.config.schema import MinDelta
+from evald.config.values import MinDelta
 from evald.trend import better
 
 

@@ -27,61 +27,15 @@ import json
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from evald.disk_full import guard_ledger
 from evald.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
-QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
-    "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
-FINAL_STATES = (EVALUATED, SKIPPED, FAILED, DELETED)
-USED, DUPLICATE, REJECTED = "used", "duplicate", "rejected"
-SCHEMA_VERSION = 2
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS steps (
-    step INTEGER PRIMARY KEY, state TEXT NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL,
-    run_id TEXT, commit_time REAL, found_via TEXT NOT NULL, reason TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0, admitted_at REAL NOT NULL, started_at REAL,
-    finished_at REAL, metrics TEXT);
-CREATE INDEX IF NOT EXISTS steps_state ON steps(state, step);
-CREATE TABLE IF NOT EXISTS files (
-    name TEXT PRIMARY KEY, step INTEGER, status TEXT NOT NULL, reason TEXT, found_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS records (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, step INTEGER NOT NULL,
-    wall_time REAL NOT NULL, payload TEXT NOT NULL, written INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS records_pending ON records(written, id);
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS provenance (step INTEGER PRIMARY KEY, value TEXT NOT NULL);
-"""
-
-
-@dataclass(frozen=True)
-class Step:
-    step: int
-    state: str
-    source: str
-    kind: str
-    run_id: str | None
-    commit_time: float | None
-    found_via: str
-    reason: str | None
-    attempts: int
-    metrics: dict[str, float] | None
-
-
-@dataclass(frozen=True)
-class Record:
-    """One TensorBoard record: every value of one step in one stream (eval or train)."""
-
-    stream: str
-    step: int
-    wall_time: float
-    scalars: Mapping[str, float]
-    texts: Mapping[str, str]
-    id: int | None = None
+from evald.ledger_schema import (  # noqa: F401 - the row types and states are the ledger's interface
+    SCHEMA, STEP_COLUMNS, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED,
+    SCHEMA_VERSION, SKIPPED, USED, Record, Step, step_from_row)
 
 
 class Ledger:
@@ -94,7 +48,7 @@ class Ledger:
         if version not in (0, SCHEMA_VERSION):
             raise RuntimeError(f"{self.path} has ledger schema {version}; this evald reads {SCHEMA_VERSION}")
         with self._transaction() as db:
-            for statement in _SCHEMA.split(";"):
+            for statement in SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
             if version == 0:
@@ -237,13 +191,13 @@ class Ledger:
     # ------------------------------------------------------------ reads
 
     def step(self, step: int) -> Step | None:
-        row = self._db.execute(f"SELECT {_STEP_COLUMNS} FROM steps WHERE step=?", (step,)).fetchone()
-        return _step(row) if row else None
+        row = self._db.execute(f"SELECT {STEP_COLUMNS} FROM steps WHERE step=?", (step,)).fetchone()
+        return step_from_row(row) if row else None
 
     def steps(self, *states: str) -> list[Step]:
         where = f" WHERE state IN ({','.join('?' * len(states))})" if states else ""
-        rows = self._db.execute(f"SELECT {_STEP_COLUMNS} FROM steps{where} ORDER BY step", states).fetchall()
-        return [_step(r) for r in rows]
+        rows = self._db.execute(f"SELECT {STEP_COLUMNS} FROM steps{where} ORDER BY step", states).fetchall()
+        return [step_from_row(r) for r in rows]
 
     def step_numbers(self) -> list[int]:
         return [s for (s,) in self._db.execute("SELECT step FROM steps ORDER BY step")]
@@ -298,11 +252,3 @@ guard_ledger(Ledger)  # a full disk: wait and retry each transaction whole (eval
 def _put(db: sqlite3.Connection, kv: Mapping[str, Any] | None) -> None:
     for key, value in (kv or {}).items():
         db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
-
-
-_STEP_COLUMNS = "step, state, source, kind, run_id, commit_time, found_via, reason, attempts, metrics"
-
-
-def _step(row: Sequence[Any]) -> Step:
-    *head, metrics = row
-    return Step(*head, json.loads(metrics) if metrics else None)

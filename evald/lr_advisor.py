@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evald.config.schema import MinDelta
+from evald.config.values import MinDelta
 from evald.trend import better
 
 

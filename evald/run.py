@@ -16,7 +16,6 @@ or another run is counted and ignored, and never changes what evald serves.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import time
@@ -31,14 +30,14 @@ from evald.decisions import Decisions
 from evald.disk_full import retry
 from evald.intake import Intake
 from evald.leases import Leases
-from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger, Record
+from evald.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.mindformers_layout import entry_name
 from evald.pipeline import Pipeline
 from evald.requeue import RetryWatch, requeue_if_config_changed
 from evald.run_dir import LEDGER_FILE
 from evald.run_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.sinks.best_pointer import write_best_pointer
-from evald.sinks.summary_text import summary_markdown
+from evald.sinks.run_summary import write_run_summary
 from evald.sinks.tensorboard import TensorBoardSink
 from evald.sources.discovery import RESCAN, WATCHDOG, Discovery
 from evald.sources.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED
@@ -75,8 +74,7 @@ class Run:
         self._run_file_changed = Changes(ckpt_dir / layout.RUN_FILE)
         self._ignored_said_at = float("-inf")
         self.run_end: RunFinished | None = None
-        self._end_learned_at = 0.0
-        self._blocked_said_at = 0.0
+        self._end_learned_at = self._blocked_said_at = 0.0
         self._last_rescan = time.monotonic()
         self.discovery = Discovery(ckpt_dir, events, watch=self.config.tuning.watch,
                                    polling_interval_s=self.config.tuning.polling_interval_s)
@@ -96,8 +94,6 @@ class Run:
     @property
     def run_id(self) -> str | None:
         return self.announcement.run_id if self.announcement else None
-
-    # ------------------------------------------------------------ events
 
     def handle(self, source: str, item: Any) -> bool:
         """One event; True when it was news (a message for this run, or an entry not seen before)."""
@@ -192,8 +188,6 @@ class Run:
         for path in self.discovery.rescan():
             self._path(path, RESCAN)
 
-    # ------------------------------------------------------------ ticks and work
-
     def tick(self) -> None:
         now = time.monotonic()
         if self.control is not None:
@@ -275,25 +269,10 @@ class Run:
     def finish(self) -> None:
         """Write the run summary once per run end (a restart does not write it again)."""
         assert self.run_end is not None
-        if self.ledger.get_state("summarised") == [self.run_id, self.run_end.final_step]:
-            return
-        summary = {"run_id": self.run_id, "final_step": self.run_end.final_step,
-                   "training_end_reason": self.run_end.reason, "monitor": self.config.monitor,
-                   "best_step": self.decisions.best_step, "best_value": self.decisions.best_value,
-                   "stopped_early": self.decisions.stop_at_step is not None, "checkpoints": self.ledger.counts(),
-                   "advisory_stop": self.decisions.advisory_stop}
-        self.decisions.finish(summary)
-        text = json.dumps(summary, indent=1)
-        retry("summary.json", lambda: layout.atomic_write_text(self.run_dir / "summary.json", text))
-        self.ledger.add_records([Record("summary", self.run_end.final_step, time.time(), {},
-                                        {"evald/summary": summary_markdown(summary)})],
-                                kv={"decisions": self.decisions.state_dict(),
-                                    "summarised": [self.run_id, self.run_end.final_step]})
-        self.tensorboard.drain()
-        self._publish()
-        log.info("run complete: %s", json.dumps(summary))
-
-    # ------------------------------------------------------------ sinks
+        if write_run_summary(self.ledger, self.decisions, self.run_dir, self.run_id, self.run_end,
+                             self.config.monitor) is not None:
+            self.tensorboard.drain()
+            self._publish()
 
     def _publish(self) -> None:
         self.leases.longest_load_s = self.counters.extra.get("longest_load_s", 0.0)

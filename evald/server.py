@@ -21,19 +21,18 @@ Exit codes: 0 done; 1 forced exit; 2 bad configuration or another evald in the w
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
-from evald import disk_full, private_files, trust
+from evald import channels, disk_full, private_files, trust
 from evald.config import ResolvedConfig
-from evald.contracts.auth import SecurityConfig, SecurityError
-from evald.contracts.wire import default_control_endpoint, default_endpoint, default_socket_dir
+from evald.contracts.auth import SecurityError
+from evald.contracts.wire import default_socket_dir
 from evald.evaluation import SystemicFailure
-from evald.locks import InUse, Lock, directory_lock_path, endpoint_lock_path
+from evald.locks import InUse, Lock, directory_lock_path
 from evald.pipeline import Pipeline
 from evald.legacy_layout import migrate_flat_ledger
 from evald.run import Run
@@ -91,39 +90,17 @@ class Server:
         log.info("evald starting with:\n  %s", "\n  ".join(self.resolved.describe()))
         private_files.apply_umask(self.config.state_mode)  # before evald creates any file
         if self.config.zmq:
-            self._bind()
+            bound = channels.bind(self.config, self.events)
+            self.receiver, self.control = bound.receiver, bound.control
+            self.locks += bound.locks
         if self.resolved.set_by_operator("model_factory") and self.resolved.set_by_operator("data_factory"):
             if not self.pipeline.ensure_built(self.config):  # compile now, not at the first checkpoint
                 raise CannotEvaluate(f"{self.pipeline.blocked_reason}; fix the configuration and start again")
         if self.config.ckpt_dir:
             self.attach(Path(self.config.ckpt_dir))
         else:
-            log.info("no --ckpt-dir: waiting for the trainer's first notification on %s", self.endpoint)
-
-    @property
-    def endpoint(self) -> str:
-        return self.config.endpoint or default_endpoint()
-
-    def _bind(self) -> None:
-        from evald.sinks.control import ControlPublisher
-        from evald.sources.receiver import Receiver
-
-        control_endpoint = self.config.control_endpoint or default_control_endpoint()
-        for endpoint, flag in ((self.endpoint, "--endpoint"), (control_endpoint, "--control-endpoint")):
-            self.locks.append(Lock(endpoint_lock_path(endpoint, default_socket_dir()), f"endpoint {endpoint}",
-                                   f"give this one another {flag} (or EVALD_SOCKET_DIR)"))
-        security = self.security
-        self.receiver = Receiver(self.endpoint, self.events, security=security)
-        self.receiver.start()
-        self.control = ControlPublisher(control_endpoint, security=security)
-        log.info("listening for notifications on %s; control state on %s", self.endpoint, control_endpoint)
-
-    @property
-    def security(self) -> SecurityConfig:
-        """Both sockets' security: CURVE with an allow-list, or NULL (ipc; tcp only if plaintext is allowed)."""
-        allowed = tuple(p for p in (self.config.allowed_keys or "").split(os.pathsep) if p)
-        return SecurityConfig(server_key=self.config.server_key, allowed_keys=allowed,
-                              allow_plaintext=self.config.allow_plaintext)
+            log.info("no --ckpt-dir: waiting for the trainer's first notification on %s",
+                     channels.notification_endpoint(self.config))
 
     def attach(self, ckpt_dir: Path) -> None:
         ckpt_dir = ckpt_dir.resolve()

@@ -86,7 +86,7 @@ def main() -> int:
             super().__init__()
             self.t0 = time.monotonic()
             self.collective_calls = 0
-            agreement = hook.agreement
+            agreement = hook.control.agreement if hook.control else None
             if agreement is not None and agreement.reduce_sum is not None:
                 inner = agreement.reduce_sum
 
@@ -99,7 +99,7 @@ def main() -> int:
 
         def on_train_end(self, run_context):
             cb_args = run_context.original_args()
-            agreement = hook.agreement
+            agreement = hook.control.agreement if hook.control else None
             weights = sum(float(np.abs(p.asnumpy()).sum()) for p in net.trainable_params())
             result = {
                 "rank": rank,

@@ -12,7 +12,7 @@ import pytest
 
 from evald.cli import parse_config
 from evald.config import ConfigError, EvaldConfig
-from evald.config.schema import MinDelta
+from evald.config.values import MinDelta
 from evald.contracts import wire
 from evald.decisions import Decisions
 from evald.early_stop import EarlyStopPolicy

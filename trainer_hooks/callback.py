@@ -83,7 +83,7 @@ class EvaldCallback(Callback):
             if stop:
                 run_context.request_stop()
         except Exception:
-            self.hook.errors += 1
+            self.hook.count_error()
             log.exception("EvaldCallback error (ignored; training continues)")
 
     def on_train_end(self, run_context) -> None:
@@ -94,7 +94,7 @@ class EvaldCallback(Callback):
             self.hook.train_end(step, network=self._network(args, optimizer), optimizer=optimizer,
                                 epoch=args.get("cur_epoch_num"))
         except Exception:
-            self.hook.errors += 1
+            self.hook.count_error()
             log.exception("EvaldCallback error at the end of training (ignored)")
 
     def _network(self, args: Any, optimizer: Any) -> Any:

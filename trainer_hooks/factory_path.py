@@ -22,6 +22,9 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any, Mapping
+
+from evald.contracts.wire import FactorySpec
 
 
 def default_search_path(target: str) -> str | None:
@@ -54,3 +57,16 @@ def _installed(root: Path) -> bool:
     shared = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib", "platstdlib")
               if (p := sysconfig.get_paths().get(key))}
     return root in shared or root.name in ("site-packages", "dist-packages")
+
+
+FactoryLike = str | Mapping[str, Any] | FactorySpec | None
+
+
+def announced_factory(spec: FactoryLike, what: str) -> FactorySpec | None:
+    """``spec`` as the run announcement carries it; with no ``search_path``, where the trainer imports it from."""
+    if spec is None or isinstance(spec, FactorySpec):
+        return spec
+    made = FactorySpec.from_obj(spec, what)
+    if made is not None and made.search_path is None:
+        made = FactorySpec(made.target, made.kwargs, default_search_path(made.target))
+    return made

@@ -35,46 +35,16 @@ from evald.contracts.wire import (
     default_control_endpoint,
     default_endpoint,
 )
-from trainer_hooks.factory_path import default_search_path
-from trainer_hooks.host_copy import host_copy_of_weights
+from trainer_hooks.factory_path import FactoryLike, announced_factory
 from trainer_hooks.notifier import Notifier
-from trainer_hooks.partition_plan import planner, shared_run_id, writer_list
+from trainer_hooks.partition_plan import detect_rank, planner, shared_run_id, writer_list
 from trainer_hooks.retention import Retention
-from trainer_hooks.snapshot_writer import SnapshotJob, SnapshotWriter
-from trainer_hooks.stop_agreement import (
-    ControlSubscriber,
-    ReduceSum,
-    StopAgreement,
-    mindspore_reduce_sum,
-)
-from trainer_hooks.telemetry import Telemetry
+from trainer_hooks.snapshot_writer import SnapshotWriter
+from trainer_hooks.control_follower import ControlFollower
+from trainer_hooks.stop_agreement import ReduceSum
+from trainer_hooks.telemetry import Telemetry, to_float
 
 log = logging.getLogger("trainer_hooks")
-
-FactoryLike = str | Mapping[str, Any] | FactorySpec | None
-
-
-def _factory(spec: FactoryLike, what: str) -> FactorySpec | None:
-    """As announced; no ``search_path`` given: where the trainer imports it from (factory_path)."""
-    if spec is None or isinstance(spec, FactorySpec):
-        return spec
-    made = FactorySpec.from_obj(spec, what)
-    if made is not None and made.search_path is None:
-        made = FactorySpec(made.target, made.kwargs, default_search_path(made.target))
-    return made
-
-
-def _detect_rank() -> tuple[int, int]:
-    try:
-        from mindspore.communication import GlobalComm, get_group_size, get_rank
-
-        if GlobalComm.INITED:
-            return get_rank(), get_group_size()
-    except Exception:
-        pass
-    return int(os.environ.get("RANK_ID", os.environ.get("RANK", 0))), int(
-        os.environ.get("RANK_SIZE", os.environ.get("WORLD_SIZE", 1)))
-
 
 class EvaldHook:
     """The trainer side of evald for any training loop: snapshot, notify, report, obey a stop.
@@ -167,14 +137,11 @@ class EvaldHook:
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.final_snapshot_timeout_s = final_snapshot_timeout_s
-        self.lr_advice_handler = lr_advice_handler
-        self.errors = 0
+        self._errors = 0
         self.snapshots_taken = 0
-        self.stop_reason = ""
         self._finished = False
-        self._last_lr_advice_seq = -1
 
-        detected_rank, detected_world = _detect_rank()
+        detected_rank, detected_world = detect_rank()
         self.rank = detected_rank if rank is None else rank
         self.world_size = detected_world if world_size is None else world_size
         self.writers = writer_list(writer_ranks, self.world_size)  # with several, each writes its part
@@ -190,7 +157,7 @@ class EvaldHook:
         self.notifier: Notifier | None = None
         self.writer: SnapshotWriter | None = None
         self.telemetry = Telemetry(total_steps=total_steps, flush_every=telemetry_every)
-        self.agreement: StopAgreement | None = None
+        self.control: ControlFollower | None = None
         security = SecurityConfig.from_env(client_key=client_key, server_public_key=server_public_key,
                                            allow_plaintext=allow_plaintext)
 
@@ -213,8 +180,8 @@ class EvaldHook:
             if self.is_lead:
                 announcement = RunAnnounced(
                     run_id=self.run_id, ckpt_dir=str(self.ckpt_dir), task=task,
-                    model_factory=_factory(model_factory, "model_factory"),
-                    data_factory=_factory(data_factory, "data_factory"),
+                    model_factory=announced_factory(model_factory, "model_factory"),
+                    data_factory=announced_factory(data_factory, "data_factory"),
                     total_steps=total_steps, every_n_steps=self.every_n_steps,
                     world_size=self.world_size, control_endpoint=self.control_endpoint,
                 )
@@ -222,22 +189,13 @@ class EvaldHook:
                 layout.write_run_file(self.ckpt_dir, announcement.encode().decode())
                 self.notifier.send(announcement)  # type: ignore[union-attr]
             if obey_stop:
-                if self.world_size > 1 and reduce_sum is None:
-                    reduce_sum = mindspore_reduce_sum()
-                if self.world_size > 1 and reduce_sum is None:
-                    log.warning("world size %d but mindspore.communication is not initialised: early "
-                                "stop disabled (ranks could not agree on a step)", self.world_size)
-                else:
-                    subscriber = (ControlSubscriber(self.control_endpoint, self.run_id, security)
-                                  if self.rank == 0 else None)
-                    self.agreement = StopAgreement(rank=self.rank, world_size=self.world_size,
-                                                   agree_every=agree_every, subscriber=subscriber,
-                                                   reduce_sum=reduce_sum)
+                self.control = ControlFollower(
+                    rank=self.rank, world_size=self.world_size, control_endpoint=self.control_endpoint,
+                    run_id=self.run_id, agree_every=agree_every, reduce_sum=reduce_sum, security=security,
+                    lr_advice_handler=lr_advice_handler)
         except Exception:
-            self.errors += 1
+            self._errors += 1
             log.exception("evald hook set-up failed; training continues without evald")
-
-    # ------------------------------------------------------------- per step
 
     def step_end(self, step: int, *, network: Any = None, optimizer: Any = None,
                  epoch: int | None = None, loss: Any = None, lr: Any = None,
@@ -251,12 +209,12 @@ class EvaldHook:
                            loss, lr, grad_norm, loss_scale, overflow, samples, tokens,
                            extra_scalars, data_offset, seed)
         except Exception:
-            self.errors += 1
+            self._errors += 1
             log.exception("evald hook error at step %d (ignored; training continues)", step)
         # Outside the try above: the agreement is a collective that every rank must run at
         # every step whatever failed before it on this rank, or the ranks' collectives fall
         # out of step (a hang, or a spurious agreed stop).
-        return self._agree(step)
+        return self.control.should_stop(step) if self.control is not None else False
 
     def _step_end(self, step, network, optimizer, epoch, loss, lr, grad_norm, loss_scale,
                   overflow, samples, tokens, extra_scalars, data_offset, seed) -> None:
@@ -270,69 +228,19 @@ class EvaldHook:
         if self.writer is not None and network is not None and step % self.every_n_steps == 0:
             self._snapshot(step, network, optimizer, epoch, lr, loss_scale, seed, data_offset)
 
-    def _agree(self, step: int) -> bool:
-        if self.agreement is None:
-            return False
-        try:
-            stop = self.agreement.should_stop(step)
-        except Exception:
-            self.errors += 1
-            log.exception("evald stop agreement failed at step %d (ignored; training continues)", step)
-            return False
-        if self.agreement.subscriber is not None:
-            try:
-                self._apply_lr_advice()
-            except Exception:
-                self.errors += 1
-                log.exception("evald learning-rate advice failed at step %d (ignored)", step)
-        if stop:
-            self.stop_reason = self.agreement.reason
-            log.warning("evald asked to stop training: stopping at step %d (%s)", step, self.stop_reason)
-        return stop
-
     def _snapshot(self, step, network, optimizer, epoch, lr, loss_scale, seed, data_offset) -> None:
-        if self.writer is None or self.writer.busy:
-            if self.writer is not None:
-                self.writer.skipped_busy += 1
-                log.warning("snapshot at step %d skipped: the previous one is still being written "
-                            "(%d skipped so far); raise every_n_steps or use faster storage",
-                            step, self.writer.skipped_busy)
-            return
-        resume = layout.ResumeInfo(
-            learning_rate=self._scalar(lr), loss_scale=self._scalar(loss_scale), seed=seed,
-            data_offset=data_offset,
-        )
-        if self.writer.try_snapshot(step, network, optimizer, epoch=epoch, resume=resume):
+        resume = layout.ResumeInfo(learning_rate=to_float(lr), loss_scale=to_float(loss_scale), seed=seed,
+                                   data_offset=data_offset)
+        if self.writer.try_snapshot(step, network, optimizer, epoch=epoch, resume=resume):  # type: ignore[union-attr]
             self.snapshots_taken += 1
-
-    @staticmethod
-    def _scalar(value: Any) -> float | None:
-        from trainer_hooks.telemetry import _to_float
-
-        return _to_float(value)
-
-    def _apply_lr_advice(self) -> None:
-        if self.lr_advice_handler is None or self.agreement is None or self.agreement.subscriber is None:
-            return
-        state = self.agreement.subscriber.latest
-        if state is None or not state.lr_advice or state.seq <= self._last_lr_advice_seq:
-            return
-        advice_id = int(state.lr_advice.get("id", state.seq))
-        if advice_id <= self._last_lr_advice_seq:
-            return
-        self._last_lr_advice_seq = advice_id
-        try:
-            self.lr_advice_handler(state.lr_advice)
-        except Exception:
-            self.errors += 1
-            log.exception("learning-rate advice handler failed; advice ignored")
+        else:
+            log.warning("snapshot at step %d skipped: the previous one is still being written (%d skipped so "
+                        "far); raise every_n_steps or use faster storage", step, self.writer.skipped_busy)
 
     def _on_committed(self, step: int, path: Path, commit_time: float) -> None:
         if self.notifier is not None:
             self.notifier.send(CheckpointCommitted(run_id=self.run_id, ckpt_dir=str(self.ckpt_dir),
                                                    step=step, path=path.name, commit_time=commit_time))
-
-    # ------------------------------------------------------------- end of run
 
     def train_end(self, final_step: int, *, network: Any = None, optimizer: Any = None,
                   epoch: int | None = None, reason: str | None = None) -> None:
@@ -343,13 +251,8 @@ class EvaldHook:
         try:
             network = network or self.network
             if self.writer is not None:
-                self.writer.wait_idle(self.final_snapshot_timeout_s)  # was the last one written, or skipped?
-                if network is not None and self.writer.last_committed != final_step:
-                    weights = host_copy_of_weights(network, optimizer or self.optimizer,
-                                                   self.writer.rows_for(network, optimizer or self.optimizer))
-                    job = SnapshotJob(step=final_step, weights=weights, epoch=epoch, final=True)
-                    self.writer.submit_final(job, self.final_snapshot_timeout_s)
-                self.writer.close(timeout_s=self.final_snapshot_timeout_s)
+                self.writer.finish(final_step, network, optimizer or self.optimizer, epoch=epoch,
+                                   timeout_s=self.final_snapshot_timeout_s)
             if self.notifier is not None and not self.is_lead:
                 self.notifier.close()
             elif self.notifier is not None:
@@ -363,11 +266,11 @@ class EvaldHook:
                 self.notifier.send(finished)
                 self.notifier.close()
         except Exception:
-            self.errors += 1
+            self._errors += 1
             log.exception("evald hook failed while finishing the run (ignored)")
         finally:
-            if self.agreement is not None:
-                self.agreement.close()
+            if self.control is not None:
+                self.control.close()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -380,6 +283,17 @@ class EvaldHook:
             "notifications_sent": self.notifier.sent if self.notifier else 0,
             "notifications_dropped": self.notifier.dropped if self.notifier else 0,
             "hook_errors": self.errors,
-            "control_messages_ignored": (self.agreement.subscriber.ignored
-                                         if self.agreement and self.agreement.subscriber else 0),
+            "control_messages_ignored": self.control.ignored_messages if self.control else 0,
         }
+
+    @property
+    def errors(self) -> int:
+        """Failures logged and swallowed so far (training went on)."""
+        return self._errors + (self.control.errors if self.control else 0)
+
+    def count_error(self) -> None:
+        self._errors += 1
+
+    @property
+    def stop_reason(self) -> str:
+        return self.control.stop_reason if self.control else ""

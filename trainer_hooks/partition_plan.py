@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -233,3 +234,16 @@ def agree_run_id(reduce_sum: Callable[[Any], Any], rank: int) -> str:
     mine = [int(time.time()), secrets.randbits(32)] if rank == 0 else [0, 0]
     when, token = (int(v) for v in reduce_sum(np.array(mine, dtype=np.int64)))
     return f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(when))}-{token:08x}"
+
+
+def detect_rank() -> tuple[int, int]:
+    """(rank, world size): MindSpore's when its communication is initialised, else RANK_ID/RANK_SIZE."""
+    try:
+        from mindspore.communication import GlobalComm, get_group_size, get_rank
+
+        if GlobalComm.INITED:
+            return get_rank(), get_group_size()
+    except Exception:
+        pass
+    return int(os.environ.get("RANK_ID", os.environ.get("RANK", 0))), int(
+        os.environ.get("RANK_SIZE", os.environ.get("WORLD_SIZE", 1)))

@@ -30,7 +30,7 @@ import numpy as np
 
 from evald.contracts import layout
 from evald.contracts.partition import PART_DIR_PATTERN, parse_part_dir_name
-from trainer_hooks.host_copy import HostBuffers
+from trainer_hooks.host_copy import HostBuffers, host_copy_of_weights
 from trainer_hooks.partition_plan import PartitionPlan
 from trainer_hooks.retention import Retention
 
@@ -157,6 +157,14 @@ class SnapshotWriter:
                     self._pending = job
                 self._cond.notify_all()
         return True
+
+    def finish(self, final_step: int, network: Any, optimizer: Any, *, epoch: int | None, timeout_s: float) -> None:
+        """At the end of training: the final step's snapshot unless the last one written is it; then close."""
+        self.wait_idle(timeout_s)  # was the last one written, or skipped?
+        if network is not None and self.last_committed != final_step:
+            weights = host_copy_of_weights(network, optimizer, self.rows_for(network, optimizer))
+            self.submit_final(SnapshotJob(step=final_step, weights=weights, epoch=epoch, final=True), timeout_s)
+        self.close(timeout_s=timeout_s)
 
     def submit_final(self, job: SnapshotJob, timeout_s: float) -> bool:
         """At the end of training: wait (bounded) for the current write, then write ``job``."""

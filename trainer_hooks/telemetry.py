@@ -31,7 +31,7 @@ class Telemetry:
         now = time.time()
         values: dict[str, float] = {}
         for key, value in scalars.items():
-            number = _to_float(value)
+            number = to_float(value)
             if number is not None:
                 values[key] = number
         if self._last_step_end is not None:
@@ -65,7 +65,7 @@ class Telemetry:
         return batch
 
 
-def _to_float(value: Any) -> float | None:
+def to_float(value: Any) -> float | None:
     """A python float from a python number, numpy scalar or MindSpore Tensor; None if not scalar."""
     if value is None:
         return None

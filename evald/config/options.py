@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from evald.config.schema import DeviceSpec, MinDelta, opt
+from evald.config.schema import opt
+from evald.config.values import DeviceSpec, MinDelta
 from evald.contracts import auth
 from evald.health_thresholds import HealthThresholds
 
