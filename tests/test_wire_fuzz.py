@@ -14,7 +14,7 @@ from dataclasses import fields
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from evald.contracts import wire
+from evald.contracts import wire, wire_fields
 
 INT64 = (-(2**63), 2**63 - 1)
 FUZZ = settings(max_examples=400, deadline=None, database=None,
@@ -208,6 +208,8 @@ def test_nesting_at_any_depth(depth, opener, kind):
 
 printable = st.text(st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Zs")), min_size=1, max_size=30)
 entry_names = printable.filter(lambda s: "/" not in s and s not in (".", ".."))
+# the bounds are in UTF-8 bytes, and 30 characters can be 120 bytes: keep short fields within theirs
+short_names = printable.filter(lambda s: len(s.encode("utf-8")) <= wire_fields.MAX_TASK_BYTES)
 uints = st.integers(min_value=0, max_value=2**63 - 1)
 times = st.floats(allow_nan=False, allow_infinity=False)
 scalar = st.one_of(times, st.sampled_from(["nan", "inf", "-inf"]), st.integers(*INT64))
@@ -222,7 +224,7 @@ records = st.lists(st.fixed_dictionaries({"step": uints, "wall_time": times,
                    max_size=5).map(tuple)
 
 valid_messages = st.one_of(
-    st.builds(wire.RunAnnounced, run_id=printable, ckpt_dir=printable, task=printable,
+    st.builds(wire.RunAnnounced, run_id=printable, ckpt_dir=printable, task=short_names,
               model_factory=st.none() | factories, data_factory=st.none() | factories,
               total_steps=st.none() | uints, every_n_steps=st.none() | uints, world_size=uints,
               control_endpoint=st.none() | printable, sent_at=times),
@@ -233,7 +235,7 @@ valid_messages = st.one_of(
               reason=st.text(max_size=50).filter(lambda s: "\x00" not in s), sent_at=times),
     st.builds(wire.ControlState, run_id=printable, seq=uints, stop_at_step=st.none() | uints,
               reason=printable, lr_advice=st.none() | st.fixed_dictionaries(
-                  {"id": uints, "scale": st.floats(min_value=1e-6, max_value=1e6), "kind": printable,
+                  {"id": uints, "scale": st.floats(min_value=1e-6, max_value=1e6), "kind": short_names,
                    "reason": printable}), summary=st.none() | objects, sent_at=times),
 )
 
