@@ -149,8 +149,11 @@ def test_the_parts_put_together_are_the_one_device_outputs_bit_for_bit(tmp_path)
     whole = evaluator((0, 1))
     single = whole.evaluate(path, entry_kind)
     parts = [evaluator((rank, 3)) for rank in range(3)]  # 3 batches (16, 16, 8 real rows): one each
-    summed = {name: sum(p.evaluate_part(path, entry_kind)[0][name] for p in parts) for name in whole.layout}
-    full, _ = whole.evaluate_part(path, entry_kind)
+    answers = [p.evaluate_part(path, entry_kind) for p in parts]
+    summed = {name: sum(a.arrays[name] for a in answers) for name in whole.layout}
+    full = whole.evaluate_part(path, entry_kind).arrays
+    # every rank proved its own swap, of the same weights
+    assert {a.provenance["weights_sha256"] for a in answers} == {single.provenance["weights_sha256"]}
     for name in whole.layout:
         assert np.array_equal(summed[name], full[name]), name
     metrics, texts = whole.metrics_of(summed)
