@@ -190,9 +190,9 @@ def _full_against_manifest(live, step_dir, manifest, result) -> None:
         finally:
             os.close(fd)
         if hasher.hexdigest() != spec.digest:
-            raise SwapMismatch(f"after the swap, the live memory of the parameters in {spec.name} does not hash to "
-                               f"the manifest's {manifest.hash_algorithm} {spec.digest[:16]}…: the network does not "
-                               f"hold the checkpoint's weights")
+            raise SwapMismatch(f"after the swap, the live memory of the parameters in {step_dir.name}/{spec.name} does "
+                               f"not hash to the manifest's {manifest.hash_algorithm} {spec.digest[:16]}…: the network "
+                               f"does not hold the checkpoint's weights")
 
 
 def _against_loaded(live, loaded, mode, step, result) -> None:

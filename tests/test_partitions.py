@@ -426,3 +426,49 @@ def test_evald_retry_judges_the_parts_of_a_failed_step_again(setup):
     intake.forget_judged()
     find_all(intake, ckpt)
     assert (ledger.step(5).state, ledger.step(5).kind) == (QUEUED, PARTS)
+
+
+# ---------------------------------------------------------------- the swap check over parts
+
+
+@pytest.mark.parametrize("mode", ["sampled", "full"])
+@pytest.mark.parametrize("cut", ["rows", "tensor-parallel"])
+def test_the_swap_check_proves_each_part_and_catches_a_parameter_left_behind(tmp_path, mode, cut):
+    from evald.hot_swap import NetworkWeights
+    from evald.swap_check import SwapMismatch, check_parts, parts_digest
+
+    if cut == "rows":
+        weights = model_weights()
+        weights["big"] = np.random.default_rng(1).standard_normal((999, 16)).astype(np.float32)
+        write_parts(tmp_path, 10, weights, range(3))
+        group = group_name(10, 3)
+    else:
+        weights, layouts = tp_setup()
+        write_parts(tmp_path, 10, weights, range(8), layouts=layouts)
+        group = group_name(10, 8)
+    net = Net(weights)
+    nw = NetworkWeights(net)
+    read = load_parts(nw, tmp_path, group)
+    params = dict(net.parameters_and_names())
+    done = check_parts(params, mode=mode, step=10, parts=read)
+    assert done.parameters >= len(weights) and not done.unchecked, done.describe()
+    digest, _ = parts_digest(read)
+    assert digest == parts_digest(load_parts(NetworkWeights(Net(weights)), tmp_path, group))[0]
+    name = max(weights, key=lambda n: weights[n].size)  # a parameter the swap "left behind"
+    params[name].set_data(ms.Tensor(np.zeros_like(weights[name])))
+    held_by = [path.name for path, m in read.members if any(p.name == name for p in m.params)]
+    with pytest.raises(SwapMismatch, match=repr(name) if mode == "sampled" else f"in {held_by[0]}/"):
+        check_parts(params, mode=mode, step=10, parts=read)
+
+
+def test_a_part_directory_replaced_by_a_link_out_is_not_read(tmp_path):
+    from evald.hot_swap import NetworkWeights
+
+    weights = model_weights()
+    ckpt = tmp_path / "ckpt"
+    write_parts(ckpt, 10, weights, range(2))
+    outside = tmp_path / "outside"
+    (ckpt / part_dir_name(10, 1, 2)).rename(outside)
+    (ckpt / part_dir_name(10, 1, 2)).symlink_to(outside)
+    with pytest.raises(CheckpointError, match="link"):
+        load_parts(NetworkWeights(Net(weights)), ckpt, group_name(10, 2))

@@ -191,3 +191,35 @@ def test_a_silent_evald_keeps_its_leases_for_lease_s_then_the_budget_decides(tmp
     assert retention.make_room(40, 1024)
     assert committed(ckpt) == [20, 30]                 # oldest first; the best (20) kept beside the budget
     retention.close()
+
+
+def test_each_writer_rank_of_a_partitioned_run_deletes_only_its_own_released_parts(tmp_path, channel):
+    from evald.contracts.partition import PART_DIR_PATTERN, part_dir_name
+    from trainer_hooks.partition_plan import plan_partition
+    from trainer_hooks.snapshot_writer import SnapshotWriter
+
+    endpoint, publisher = channel
+    ckpt = tmp_path / "ckpt"
+    weights = {"a": np.zeros(256, np.float32), "b": np.ones(256, np.float32)}
+    plans = [plan_partition([(n, a.shape, a.nbytes) for n, a in weights.items()], rank=r, writers=(0, 1))
+             for r in (0, 1)]
+    for step in (10, 20, 30):
+        for plan in plans:
+            part = {n: weights[n] if rows is None else weights[n][rows[0]:rows[1]] for n, rows in plan.rows.items()}
+            layout.write_checkpoint(ckpt, step, part, run_id="r", part=plan.part, slices=plan.slices)
+    publisher.state = ControlState(run_id="r", seq=3, leases=(20, 30), released=(10,), best_step=None, lease_s=60.0)
+    writers = []
+    for plan in plans:  # what the hook builds on every writer rank
+        retention = Retention(ckpt, keep_last=2, control_endpoint=endpoint, run_id="r")
+        writers.append(SnapshotWriter(ckpt, "r", on_committed=lambda *a: None, partition=plan, retention=retention))
+        until_heard(retention)
+    assert [[s for s, _ in w.own_snapshots()] for w in writers] == [[10, 20, 30], [10, 20, 30]]
+    assert not writers[0].retention.make_room(40, 1024)  # rank 0 deletes its part of 10; 20, 30 are leased
+    parts = sorted(e.name for e in ckpt.iterdir() if PART_DIR_PATTERN.match(e.name))
+    assert [p for p in parts if p.startswith("step_000000010")] == [part_dir_name(10, 1, 2)], parts
+    assert not writers[1].retention.make_room(40, 1024)
+    assert not any("000000010" in e.name for e in ckpt.iterdir())
+    assert len([e for e in ckpt.iterdir() if PART_DIR_PATTERN.match(e.name)]) == 4  # 20 and 30, both parts
+    for w in writers:
+        w.close(timeout_s=5)
+        w.retention.close()
