@@ -167,7 +167,7 @@ def test_step_outputs_by_shape():
 
 
 def test_factories_are_announced_with_the_directory_the_trainer_imports_them_from(tmp_path, monkeypatch):
-    from trainer_hooks.hook import _factory
+    from trainer_hooks.factory_path import announced_factory as _factory
 
     source = tmp_path / "src"
     (source / "mfpkg").mkdir(parents=True)
