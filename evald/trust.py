@@ -7,8 +7,7 @@ a source that only evald's own user (or root) controls (docs/security.md):
 * a **local socket** (``ipc://``) in a directory owned by evald's user that nobody
   else can write to (``ensure_socket_dir`` refuses to bind anywhere else);
 * an **authenticated peer**: a network channel with CURVE and an allow-list of
-  trainer keys (docs/authentication.md). Until that is wired in, a TCP channel is
-  never trusted;
+  trainer keys (docs/authentication.md); a plaintext TCP channel is never trusted;
 * a **RUN.json** owned by evald's user and not writable by group or others, judged
   on the very file that was read (evald.contracts.small_files).
 
