@@ -87,6 +87,7 @@ def _rank_process(exit_file: Path, rank: int):
     return None
 
 
+@pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_a_rank_that_dies_ends_the_group_and_the_step_is_evaluated_after_a_restart(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)

@@ -192,6 +192,7 @@ def _offer(endpoint: str, frames: list[bytes], per_s: float) -> tuple[int, float
     return accepted, len(frames) / elapsed
 
 
+@pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_train_metrics_at_10k_a_second_keep_the_rss_bounded(tmp_path, procs, endpoints):
     """The trainer's own kind of message, valid, offered at 10,000 a second for 5 s (issue 12: +94 MB once)."""
     ckpt = tmp_path / "ckpt"

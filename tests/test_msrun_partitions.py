@@ -148,13 +148,13 @@ def test_msrun_data_parallel_job_is_evaluated_once_per_step_from_its_parts(work,
     ends = _endpoints(work)
     evald = _evald(work, ckpt, "evald", endpoint=ends["endpoint"], control=ends["control"])
     procs.append(evald)
-    steps = 60
+    steps, every = 30, 10  # 3 snapshots; 4 ranks on 2 cores train at about 1 step/s
     env = base_env({"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"})
     env.pop("EVALD_RUN_ID", None)
     cmd = [_msrun(), f"--worker_num={WORKERS}", f"--local_worker_num={WORKERS}", f"--master_port={_free_port()}",
            f"--log_dir={work / 'msrun'}", "--join=True", "--cluster_time_out=200", str(WORKER), "--mode", "dp",
            "--ckpt-dir", str(ckpt), "--ref-dir", str(ref), "--out-dir", str(work / "out"), "--endpoint",
-           ends["endpoint"], "--control-endpoint", ends["control"], "--steps", str(steps), "--every", str(EVERY)]
+           ends["endpoint"], "--control-endpoint", ends["control"], "--steps", str(steps), "--every", str(every)]
     job = subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted((work / "msrun").glob("*.log")))
     assert job.returncode == 0, f"msrun exited {job.returncode}\n{job.stdout.decode()[-3000:]}\n{logs}"
@@ -163,11 +163,11 @@ def test_msrun_data_parallel_job_is_evaluated_once_per_step_from_its_parts(work,
     results = [json.loads((work / "out" / f"rank_{r}.json").read_text()) for r in range(WORKERS)]
     assert len({r["run_id"] for r in results}) == 1, results   # agreed through MindSpore's AllReduce
     assert all(r["errors"] == 0 and r["writers"] == list(range(WORKERS)) for r in results), results
-    snapshot_steps = list(range(EVERY, steps + 1, EVERY))
+    snapshot_steps = list(range(every, steps + 1, every))
     parts = _parts_of(ckpt)
     assert sorted(parts) == snapshot_steps and all(len(v) == WORKERS for v in parts.values()), parts
     assert layout.list_committed(ckpt) == []                    # no rank wrote a whole snapshot
-    sizes = [sum(f.bytes for f in layout.read_manifest(ckpt / name).files) for name in parts[EVERY]]
+    sizes = [sum(f.bytes for f in layout.read_manifest(ckpt / name).files) for name in parts[every]]
     assert max(sizes) < 2.0 * sum(sizes) / WORKERS, sizes       # each rank wrote about 1/N of the bytes
 
     rows = ledger_rows(ckpt)
@@ -176,7 +176,7 @@ def test_msrun_data_parallel_job_is_evaluated_once_per_step_from_its_parts(work,
     for step in snapshot_steps:
         _same_weights(ckpt, ref, step, WORKERS)
     losses, reference = _losses(run_dir(ckpt)), _evaluate_reference(work, ref, steps, procs)
-    print(f"\nPARTS-REPORT msrun {WORKERS} workers: part bytes at step {EVERY} {sizes}; loss from parts {losses}; "
+    print(f"\nPARTS-REPORT msrun {WORKERS} workers: part bytes at step {every} {sizes}; loss from parts {losses}; "
           f"single-writer snapshot {reference}")
     assert losses == reference and len(losses) == len(snapshot_steps)
 
