@@ -223,3 +223,37 @@ def test_each_writer_rank_of_a_partitioned_run_deletes_only_its_own_released_par
     for w in writers:
         w.close(timeout_s=5)
         w.retention.close()
+
+
+def test_the_hooks_retention_hears_an_evald_that_only_talks_curve(tmp_path):
+    """The leases come over the same authenticated control channel as the stop: with the hook's keys."""
+    import socket as sockets
+
+    from evald.contracts.auth import SecurityConfig, generate_keypair
+    from evald.sinks.control import ControlPublisher
+
+    server_public, server_secret = generate_keypair(tmp_path / "evald-keys", "evald")
+    client_public, client_secret = generate_keypair(tmp_path / "trainer-keys", "trainer")
+    with sockets.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    publisher = ControlPublisher(endpoint, republish_s=0.05,
+                                 security=SecurityConfig(server_key=str(server_secret),
+                                                         allowed_keys=(str(client_public),)))
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20):
+        layout.write_checkpoint(ckpt, step, WEIGHTS, run_id="r")
+    state = ControlState(run_id="r", seq=1, leases=(20,), released=(10,), best_step=None, lease_s=60.0)
+    keys = SecurityConfig(client_key=str(client_secret), server_public_key=str(server_public))
+    retention = Retention(ckpt, keep_last=1, control_endpoint=endpoint, run_id="r", security=keys)
+    try:
+        deadline = time.monotonic() + 10
+        while retention.current() is None:
+            assert time.monotonic() < deadline, "the CURVE control state never arrived"
+            publisher.update(state)
+            publisher.tick()
+            time.sleep(0.05)
+        assert not retention.make_room(30, 1024) and committed(ckpt) == [20]  # 10 released, 20 leased
+    finally:
+        retention.close()
+        publisher.close()

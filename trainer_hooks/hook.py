@@ -171,8 +171,8 @@ class EvaldHook:
                               "host": socket.gethostname(), "pid": os.getpid()},
                     # every writer hears evald's leases: with partitions each rank deletes its own parts
                     retention=Retention(self.ckpt_dir, keep_last=keep_last, max_bytes=max_bytes,
-                                        control_endpoint=self.control_endpoint, run_id=self.run_id)
-                    if keep_last or max_bytes else None,
+                                        control_endpoint=self.control_endpoint, run_id=self.run_id,
+                                        security=security) if keep_last or max_bytes else None,
                     planner=planner(self.rank, self.writers, holds, tensor_layouts),
                 )
                 if network is not None:

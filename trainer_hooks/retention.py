@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from evald.contracts import layout
+from evald.contracts.auth import SecurityConfig
 from evald.contracts.retention import may_delete
 from evald.contracts.wire import ControlState, ProtocolError, decode
 from trainer_hooks.stop_agreement import ControlSubscriber
@@ -102,13 +103,14 @@ class Retention:
     """The budget and the leases, for one checkpoint directory; every method runs on the writer thread."""
 
     def __init__(self, ckpt_dir: Path, *, keep_last: int | None = None, max_bytes: int | None = None,
-                 control_endpoint: str | None = None, run_id: str | None = None) -> None:
+                 control_endpoint: str | None = None, run_id: str | None = None,
+                 security: SecurityConfig | None = None) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 (or None), got {keep_last!r}")
         if max_bytes is not None and max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1 (or None), got {max_bytes!r}")
         self.ckpt_dir, self.keep_last, self.max_bytes = Path(ckpt_dir), keep_last, max_bytes
-        self._endpoint, self._run_id = control_endpoint, run_id
+        self._endpoint, self._run_id, self._security = control_endpoint, run_id, security  # CURVE like the hook's
         self._listener: _Listener | None = None
         self._drained_at: float | None = None   # when the socket was last emptied
         self._alive_at: float | None = None     # evald was alive at or after this time
@@ -126,7 +128,7 @@ class Retention:
     def listen(self) -> None:
         """Connect now (on the writer thread), so that evald's state is there by the first snapshot."""
         if self._listener is None and self._endpoint and self._run_id:
-            self._listener = _Listener(self._endpoint, self._run_id)
+            self._listener = _Listener(self._endpoint, self._run_id, self._security)
             self._drained_at = time.monotonic()
 
     def current(self) -> ControlState | None:
