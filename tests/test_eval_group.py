@@ -115,6 +115,7 @@ def test_a_rank_that_dies_ends_the_group_and_the_step_is_evaluated_after_a_resta
     assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [10, 20]  # each exactly once
 
 
+@pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_a_sigterm_ends_the_group_after_the_current_evaluation(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)

@@ -88,6 +88,7 @@ def tiny_filesystem(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_a_full_disk_makes_evald_wait_and_lose_nothing(tmp_path, procs, tiny_filesystem):
     ckpt, logdir = tmp_path / "ckpt", tiny_filesystem / "tensorboard"
     faults.announce(ckpt)

@@ -214,6 +214,7 @@ def test_ranks_holding_different_parameters_are_assembled_into_the_whole_model(w
 # ---------------------------------------------------------------- a rank killed mid-write
 
 
+@pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_a_rank_killed_mid_write_leaves_its_step_incomplete_and_later_steps_are_evaluated(work, procs):
     ckpt = work / "ckpt"
     ends = _endpoints(work)

@@ -214,6 +214,7 @@ def _kill_evald_repeatedly(tmp_path: Path, procs: list, *, checkpoints: int, kil
     return figures
 
 
+@pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_sigkill_at_random_moments_loses_and_repeats_nothing(tmp_path, procs):
     figures = _kill_evald_repeatedly(tmp_path, procs, checkpoints=12, kills=5, seed=3)
     assert figures["kills"] == 5
@@ -430,6 +431,7 @@ def _flood(tmp_path: Path, endpoints: dict, procs: list, *, burst: int, notifica
     return figures
 
 
+@pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_thousand_notifications_while_evaluation_is_slow(tmp_path, endpoints, procs):
     _flood(tmp_path, endpoints, procs, burst=20, notifications=1000)
 
