@@ -46,6 +46,7 @@ def test_patience_stops_training_at_the_announced_step(tmp_path, endpoints, proc
     assert json.loads((run_dir(ckpt) / "best.json").read_text())["step"] == 10  # in the run directory
 
 
+@pytest.mark.slow  # three evald processes in turn; the state's round trip is in test_crash_replay.py
 def test_restarted_evald_continues_the_patience_count(tmp_path, endpoints, procs):
     ckpt = tmp_path / "ckpt"
     trainer = start_trainer(tmp_path, ckpt, endpoints, steps=40, every=10, loop="custom", cpu=None)
