@@ -109,7 +109,8 @@ class GroupEvaluator:
         if others:
             raise RuntimeError(f"the other eval ranks could not evaluate {path.name} ({'; '.join(others)})")
         metrics, texts = self.local.metrics_of(arrays)  # type: ignore[union-attr]
-        assert part is not None  # no error: rank 0 evaluated its part
+        if part is None:  # cannot happen: no error means rank 0 evaluated its part
+            raise RuntimeError(f"rank 0 returned no part of {path.name} and no error")
         evaluate_s = time.time() - started - part.load_s - part.verify_s
         return EvalResult(metrics, texts, part.load_s, evaluate_s, part.verify_s, part.provenance)
 
@@ -133,7 +134,8 @@ def follow(group: Group) -> int:
         elif op == EVALUATE:
             assert payload is not None
             statuses, _, part, _ = evaluate_part(evaluator, group, payload["path"], payload["kind"], never)
+            code, text = statuses[group.rank]
             log.info("rank %d: evaluated my part of %s (load %.3fs): %s", group.rank, Path(payload["path"]).name,
-                     part.load_s if part is not None else 0.0, "ok" if statuses[group.rank][0] == OK else statuses[group.rank][1])
+                     part.load_s if part is not None else 0.0, "ok" if code == OK else text)
         elif op not in OP_NAMES:
             raise AssertionError(op)
