@@ -234,3 +234,37 @@ def test_epoch_zero_in_a_name_is_no_negative_step(mindspore, tmp_path):
     path = tmp_path / "a-0_0.ckpt"
     path.write_bytes(b"\x12\x10" + b"\0" * 16)
     assert isinstance(foreign_step(path, 1), str)
+
+
+# ---------------------------------------------------------------- layout version 3: a part's fields
+
+
+def valid_part_manifest(tmp_path) -> dict:
+    """The manifest of a real part (2 writers, one parameter cut into rows), as JSON data."""
+    from trainer_hooks.partition_plan import plan_partition
+
+    weights = {"a": np.arange(24, dtype=np.float32).reshape(6, 4), "b": np.zeros(3, np.float32)}
+    plan = plan_partition([(n, a.shape, a.nbytes) for n, a in weights.items()], rank=0, writers=(0, 1))
+    part = {n: weights[n] if rows is None else weights[n][rows[0]:rows[1]] for n, rows in plan.rows.items()}
+    path = layout.write_checkpoint(tmp_path, 5, part, run_id="r", part=plan.part, slices=plan.slices)
+    return json.loads((path / layout.MANIFEST_FILE).read_text())
+
+
+@pytest.mark.parametrize("where,value,named", [
+    (("parts", "index"), -1, "parts.index"), (("parts", "count"), "2", "parts.count"),
+    (("parts", "ranks"), list(range(70_000)), "parts.ranks"), (("parts", "ranks"), [0, 1.5], "parts.ranks[1]"),
+    (("parts",), [1, 2], "parts"), (("files", 0, "rank"), 10**30, "files[0].rank"),
+    (("params", 0, "slice"), [[0, 1]] * 65, "slice"), (("params", 0, "slice"), [[0, "x"]], "slice[0]"),
+    (("params", 0, "slice"), [[0, 1, 2]], "slice[0]"), (("params", 0, "global_shape"), [-4], "global_shape[0]"),
+    (("params", 0, "layout"), {"dev_matrix": [2], "tensor_map": "x"}, "layout.tensor_map"),
+])
+def test_a_parts_hostile_fields_are_refused_with_their_name(tmp_path, where, value, named):
+    data = valid_part_manifest(tmp_path)
+    assert Manifest.from_json(_dumps(data)).parts is not None  # the baseline is a valid part
+    target = data
+    for key in where[:-1]:
+        target = target[key]
+    target[where[-1]] = value
+    with pytest.raises(LayoutError) as raised:
+        Manifest.from_json(_dumps(data))
+    assert named in str(raised.value), str(raised.value)
