@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evald.sources.discovery import Discovery  # noqa: E402
+from evald.intake.discovery import Discovery  # noqa: E402
 
 
 def measure(watch: str, interval: float, commits: int, entries: int, rng: random.Random) -> list[float]:

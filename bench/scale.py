@@ -125,7 +125,7 @@ def evald(total: int, root: Path, reps: int, arm: str) -> dict:
 
     from bench import scale_legacy
     from evald.contracts import layout
-    from evald.hot_swap import NetworkWeights
+    from evald.pipeline.hot_swap import NetworkWeights
 
     ms.set_context(mode=ms.GRAPH_MODE)
     net = _network(total, seed=None)

@@ -1,5 +1,5 @@
 import sys
 
-from evald.cli import main
+from evald.cli.main import main
 
 sys.exit(main())

@@ -61,7 +61,7 @@ def main() -> int:
     for line in (out / "evald.log").read_text(errors="replace").splitlines():
         if " step " in line and "loss=" in line:
             print("   ", line.split(" INFO ", 1)[-1])
-    from evald.run_dir import default_logdir, find_run
+    from evald.daemon.run_dir import default_logdir, find_run
 
     ckpt = out / "ckpt"
     logdir = default_logdir(ckpt)  # beside the checkpoint directory; several runs can share it

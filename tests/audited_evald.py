@@ -89,7 +89,7 @@ def install(log_path: str) -> None:
 
 def main() -> int:
     install(sys.argv[1])
-    from evald.cli import main as evald_main
+    from evald.cli.main import main as evald_main
 
     return evald_main(sys.argv[2:])
 

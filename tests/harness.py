@@ -87,7 +87,7 @@ KEPT_NAMESPACES = {"eval": ("evald/", "sample/"), "train": ("health/",)}
 def run_dir(ckpt_dir: Path, logdir: Path | None = None) -> Path:
     """The run directory evald uses for ``ckpt_dir`` (found by its evald-run.json), by default
     in CKPT_DIR/../tensorboard; before evald made it, where it will be."""
-    from evald.run_dir import default_logdir, default_run_name
+    from evald.daemon.run_dir import default_logdir, default_run_name
 
     ckpt_dir = Path(ckpt_dir).resolve()
     logdir = Path(logdir) if logdir else default_logdir(ckpt_dir)

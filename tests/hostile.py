@@ -63,7 +63,7 @@ class Bait:
 
     def untouched(self) -> bool:
         """Nothing created in the bait directory, no run of it in a log directory beside it, no code ran."""
-        from evald.run_dir import find_run
+        from evald.daemon.run_dir import find_run
 
         return (not self.marker.exists() and find_run(self.root, self.root.parent / "tensorboard") is None
                 and sorted(p.name for p in self.root.iterdir()) == sorted(

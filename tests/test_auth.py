@@ -25,7 +25,8 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from evald.contracts import auth, key_bundles
+from evald.cli import keys as key_bundles
+from evald.contracts import auth
 from evald.contracts.auth import SecurityConfig, SecurityError
 
 REPO = Path(__file__).resolve().parents[1]

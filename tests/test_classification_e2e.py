@@ -34,7 +34,7 @@ def test_classification_metrics_match_sklearn(tmp_path, endpoints, procs):
     assert evald.wait(180) == 0, evald.output()[-3000:]
 
     # The same predictions, computed here: the same weights on the same seeded subset.
-    from evald.subset import select_subset
+    from evald.pipeline.subset import select_subset
 
     samples = data.validation_set()
     chosen = [samples[i] for i in select_subset(len(samples), 100, 1234)]

@@ -7,7 +7,7 @@ import pytest
 from mindspore.train import F1
 from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 
-from evald.metrics.classification import classification_metrics
+from evald.pipeline.metrics.classification import classification_metrics
 
 REL = 1e-6
 

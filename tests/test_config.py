@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from evald.cli import help_text, parse_config
+from evald.cli.main import help_text, parse_config
 from evald.config import ConfigError, default_of, flag_of, option_fields, with_announcement
 from tests.harness import REPO
 

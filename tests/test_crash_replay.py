@@ -1,6 +1,6 @@
 """A crash at every state change, in-process: nothing lost, nothing evaluated or written twice.
 
-evald's loop (evald.run.Run, the real ledger, intake, decisions and TensorBoard sink) is driven
+evald's loop (evald.daemon.run.Run, the real ledger, intake, decisions and TensorBoard sink) is driven
 in this process. A crash is injected at the N-th durable write (each ledger transaction and each
 TensorBoard record), before it or just after it, for every N; then a fresh Run on the same files
 finishes the job, as a restarted evald would. The MindSpore evaluator is replaced by a stand-in
@@ -21,12 +21,12 @@ import pytest
 
 from evald.config import EvaldConfig, ResolvedConfig
 from evald.contracts import layout, wire
-from evald.evaluator import EvalResult
-from evald.ledger import EVALUATED, Ledger
-from evald.pipeline import Evaluated
-from evald.run import Run
+from evald.pipeline.network import EvalResult
+from evald.ledger.ledger import EVALUATED, Ledger
+from evald.pipeline.pipeline import Evaluated
+from evald.daemon.run import Run
 from evald.sinks.tensorboard import EventLog
-from evald.subset import SubsetInfo
+from evald.pipeline.subset import SubsetInfo
 from tests.harness import raw_scalar_steps
 
 STEPS = (10, 20, 30, 40, 50)

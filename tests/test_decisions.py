@@ -6,7 +6,7 @@ import dataclasses
 import json
 
 from evald.config import EvaldConfig
-from evald.decisions import MAX_STEP, Decisions
+from evald.decisions.decisions import MAX_STEP, Decisions
 
 
 def decisions(**options) -> Decisions:

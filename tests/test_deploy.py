@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from evald.cli import parse_config
+from evald.cli.main import parse_config
 from evald.config import ConfigError, option_fields
 from tests import faults
 from tests.harness import base_env, hook_stats

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from evald.early_stop import EarlyStopPolicy
+from evald.decisions.early_stop import EarlyStopPolicy
 
 
 def run(policy, values, start=10, every=10):

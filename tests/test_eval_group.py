@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evald.checkpoints import EVALD
-from evald.distributed import BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, from_limbs, to_limbs
+from evald.files.recognise import EVALD
+from evald.pipeline.group_protocol import BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, from_limbs, to_limbs
 from tests import faults
 from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, start_trainer, wait_for
 
@@ -138,8 +138,8 @@ def test_the_parts_put_together_are_the_one_device_outputs_bit_for_bit(tmp_path)
     pytest.importorskip("mindspore")
     import mindspore as ms
 
-    from evald.evaluator import Evaluator
-    from evald.tasks.generation import SampleGenerator
+    from evald.pipeline.network import Evaluator
+    from evald.pipeline.tasks.generation import SampleGenerator
 
     ms.set_context(mode=ms.GRAPH_MODE)
     path = faults.commit(tmp_path / "ckpt", 10)

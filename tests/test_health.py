@@ -9,14 +9,14 @@ import pytest
 from evald.config import ConfigError
 from evald.config.options import EvaldConfig
 from evald.config.schema import build_table
-from evald.health import RULES, Alert
-from evald.health import HealthMonitor as _Rules
-from evald.health_thresholds import HealthThresholds
-from evald.trend import TrainLossTrend
+from evald.decisions.health import RULES, Alert
+from evald.decisions.health import HealthMonitor as _Rules
+from evald.config.health_thresholds import HealthThresholds
+from evald.decisions.trend import TrainLossTrend
 
 
 class HealthMonitor:
-    """The rules driven as evald drives them: the train-loss trend from evald.trend between evaluations."""
+    """The rules driven as evald drives them: the train-loss trend from evald.decisions.trend between evaluations."""
 
     def __init__(self, thresholds=None, eval_mode="min"):
         self.rules = _Rules(thresholds, eval_mode=eval_mode)
@@ -63,7 +63,7 @@ def _healthy_run(monitor, steps=600, eval_every=50):
 
 
 def test_healthy_trace_is_quiet(caplog):
-    with caplog.at_level(logging.WARNING, logger="evald.health"):
+    with caplog.at_level(logging.WARNING, logger="evald.decisions.health"):
         assert _healthy_run(HealthMonitor()) == []
     assert caplog.records == []
 
@@ -81,7 +81,7 @@ def test_healthy_trace_quiet_with_max_mode_metric():
 def test_grad_explosion_fires_once_per_episode(caplog):
     m = HealthMonitor()
     trace = [1.0, 2e5, 3e5, 5e5, 1.0, 1.0, float("inf"), 1.0]
-    with caplog.at_level(logging.WARNING, logger="evald.health"):
+    with caplog.at_level(logging.WARNING, logger="evald.decisions.health"):
         alerts = [a for step, g in enumerate(trace) for a in m.observe_train(step, {"grad_norm": g})]
     assert _rules(alerts) == ["grad_explosion", "grad_explosion"]
     assert [a.step for a in alerts] == [1, 6]

@@ -127,7 +127,7 @@ def test_a_full_disk_makes_evald_wait_and_lose_nothing(tmp_path, procs, tiny_fil
 
 def test_tensorboard_records_wait_in_the_outbox_while_the_disk_is_full(tmp_path, tiny_filesystem):
     """The sink alone (in-process, real files): the ledger on a roomy disk, the events on a full one."""
-    from evald.ledger import Ledger, Record
+    from evald.ledger.ledger import Ledger, Record
     from evald.sinks.tensorboard import TensorBoardSink
 
     ledger = Ledger(tmp_path / "ledger.sqlite")

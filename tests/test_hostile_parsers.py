@@ -168,7 +168,7 @@ def mindspore():
 @FUZZ
 @given(name=NAMES, content=st.binary(max_size=512), per_epoch=st.one_of(st.none(), st.integers(1, 10**12)))
 def test_any_foreign_file_gives_a_step_in_range_or_a_reason(mindspore, tmp_path, name, content, per_epoch):
-    from evald.checkpoints import foreign_step
+    from evald.files.recognise import foreign_step
 
     if name in (".ckpt", "..ckpt") or len(name.encode()) > 255:
         return
@@ -184,7 +184,7 @@ def test_any_foreign_file_gives_a_step_in_range_or_a_reason(mindspore, tmp_path,
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 1.5, -3, 2**62, "abc", True,
                                    "empty", "pair"])
 def test_a_hostile_step_num_entry_is_a_reason_not_a_crash(mindspore, tmp_path, value):
-    from evald.checkpoints import foreign_step
+    from evald.files.recognise import foreign_step
 
     ms = mindspore
     params = [{"name": "w", "data": ms.Tensor(np.ones(2, np.float32))}]
@@ -209,7 +209,7 @@ def test_links_fifos_directories_and_oversize_files_are_never_opened(tmp_path):
     """Examined with lstat only: the verdict comes without reading (a FIFO would block forever)."""
     import os
 
-    from evald.checkpoints import Rejected, recognise
+    from evald.files.recognise import Rejected, recognise
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -229,7 +229,7 @@ def test_links_fifos_directories_and_oversize_files_are_never_opened(tmp_path):
 
 def test_epoch_zero_in_a_name_is_no_negative_step(mindspore, tmp_path):
     """Found by the property above: (E-1)*N + S with E = 0 was a negative step for the ledger."""
-    from evald.checkpoints import foreign_step
+    from evald.files.recognise import foreign_step
 
     path = tmp_path / "a-0_0.ckpt"
     path.write_bytes(b"\x12\x10" + b"\0" * 16)

@@ -11,8 +11,8 @@ import pytest
 
 from evald.config import EvaldConfig
 from evald.contracts import layout
-from evald.intake import Intake
-from evald.ledger import DUPLICATE, EVALUATED, QUEUED, REJECTED, SKIPPED, USED, Ledger, Record
+from evald.intake.intake import Intake
+from evald.ledger.ledger import DUPLICATE, EVALUATED, QUEUED, REJECTED, SKIPPED, USED, Ledger, Record
 
 WEIGHTS = {"w": np.ones(4, np.float32)}
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from evald.lag_policy import admit, decide
-from evald.lr_advisor import LRAdvisor
-from evald.trend import TrainLossTrend, better
+from evald.intake.lag_policy import admit, decide
+from evald.decisions.lr_advisor import LRAdvisor
+from evald.decisions.trend import TrainLossTrend, better
 
 
 def test_all_is_fifo_and_latest_skips_older_with_reasons():

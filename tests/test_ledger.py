@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from evald.ledger import (DUPLICATE, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, USED, Ledger,
+from evald.ledger.ledger import (DUPLICATE, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, USED, Ledger,
                           Record)
 
 

@@ -68,7 +68,7 @@ def test_second_signal_abandons_the_evaluation_and_a_restart_redoes_it(tmp_path,
     assert evald.wait(60) == 1, evald.output()[-3000:]
     exit_s = time.time() - forced
     log = evald.output()
-    assert "forced exit: the evaluation under way was abandoned" in log and "evald stopped" in log
+    assert "forced exit: the work under way was abandoned" in log and "evald stopped" in log
     row = faults.ledger_by_key(ckpt)[layout.step_dir_name(10)]
     assert row["state"] == "queued" and "interrupted by a forced shutdown" in row["reason"], row
     assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == []

@@ -7,7 +7,7 @@ import io
 import json
 import logging
 
-from evald.logs import JsonFormatter, configure
+from evald.daemon.logs import JsonFormatter, configure
 
 
 def _emit(**kwargs) -> dict:

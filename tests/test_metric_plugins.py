@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore.train import Metric
 
-from evald.metrics.plugins import load_metric, plugin_name, run_metric
+from evald.pipeline.metrics.plugins import load_metric, plugin_name, run_metric
 
 MODULE = "plugin_metric_example"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from evald.checkpoints import FOREIGN, FOREIGN_WEIGHTS
+from evald.files.recognise import FOREIGN, FOREIGN_WEIGHTS
 from tests import faults
 from tests.harness import PYTHON, REPO, Proc, base_env, raw_scalar_steps, scalar_points, wait_for
 from tests.mindformers_fixtures import full_name, network_name, save, write

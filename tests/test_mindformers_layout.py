@@ -2,7 +2,7 @@
 
 Fixtures are written by MindSpore's own save_checkpoint in MindFormers 2.0's exact layout,
 names and permissions (tests/mindformers_fixtures.py). These tests judge them in-process
-(evald.checkpoints, evald.intake with a real ledger, evald.sources.discovery with a real
+(evald.files.recognise, evald.intake.intake with a real ledger, evald.intake.discovery with a real
 observer); test_mindformers_e2e.py runs a real evald on them.
 """
 
@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from evald import mindformers_layout as mf
-from evald.checkpoints import FOREIGN, FOREIGN_WEIGHTS, Found, Rejected, recognise
+from evald.files import mindformers as mf
+from evald.files.recognise import FOREIGN, FOREIGN_WEIGHTS, Found, Rejected, recognise
 from tests import faults
 from tests.mindformers_fixtures import full_name, network_name, save, write
 
@@ -80,7 +80,7 @@ def test_a_weights_file_waits_for_its_full_checkpoint_then_says_what_to_set(tmp_
 
 
 def test_safetensors_layout_and_the_weights_read_from_each_file(tmp_path):
-    from evald.weights import load_foreign, match_names
+    from evald.pipeline.weights import load_foreign, match_names
 
     out = tmp_path / "output"
     write([save(out, 2, 5, 30, fmt="safetensors")], tmp_path)
@@ -109,8 +109,8 @@ def test_intake_one_step_one_row_read_from_the_weights_file(out_ckpt, tmp_path):
     the full checkpoints leave no other trace than a duplicate row in the files table."""
     from evald.config import EvaldConfig
     from evald.config.options import TuningOptions
-    from evald.intake import Intake
-    from evald.ledger import Ledger
+    from evald.intake.intake import Intake
+    from evald.ledger.ledger import Ledger
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
     intake = Intake(out_ckpt, ledger, EvaldConfig(lag_policy="all", tuning=TuningOptions(foreign_settle_s=0)))
@@ -131,8 +131,8 @@ def test_an_evald_snapshot_of_the_same_step_wins_over_both_mindformers_files(tmp
     from evald.config import EvaldConfig
     from evald.config.options import TuningOptions
     from evald.contracts import layout
-    from evald.intake import Intake
-    from evald.ledger import Ledger
+    from evald.intake.intake import Intake
+    from evald.ledger.ledger import Ledger
 
     out = tmp_path / "output"
     write([save(out, 1, 10, 10)], tmp_path)
@@ -150,7 +150,7 @@ def test_an_evald_snapshot_of_the_same_step_wins_over_both_mindformers_files(tmp
 def test_discovery_watches_mindformers_directories_that_appear_after_it_started(tmp_path):
     """evald creates nothing: it watches output/ and, once they exist, MindFormers' directories
     (here created after the watch began, as MindFormers does at its first save)."""
-    from evald.sources.discovery import Discovery
+    from evald.intake.discovery import Discovery
 
     out = tmp_path / "output"
     out.mkdir()
@@ -166,7 +166,7 @@ def test_discovery_watches_mindformers_directories_that_appear_after_it_started(
                 _, path = events.get(timeout=0.5)
             except queue.Empty:
                 continue
-            if discovery.reach(path):  # what evald.run does with a directory that appeared
+            if discovery.reach(path):  # what evald.daemon.run does with a directory that appeared
                 seen.update(mf.entry_name(out, p) for p in discovery.rescan())
             seen.add(mf.entry_name(out, path))
         assert network_name(1, 10) in seen and full_name(1, 10) in seen
@@ -178,7 +178,7 @@ def test_discovery_watches_mindformers_directories_that_appear_after_it_started(
 def test_a_directory_removed_and_created_again_is_watched_again(tmp_path):
     """MindFormers' CheckpointMonitor removes the checkpoint directory it created too early (empty)
     and creates it again at its first save: the new directory is watched, not the dead one."""
-    from evald.sources.discovery import Discovery
+    from evald.intake.discovery import Discovery
 
     out = tmp_path / "output"
     (out / "checkpoint_network" / "rank_0").mkdir(parents=True)
@@ -204,7 +204,7 @@ def test_a_directory_removed_and_created_again_is_watched_again(tmp_path):
 
 
 def test_evald_state_goes_beside_the_output_directory_not_into_it(tmp_path):
-    from evald.run_dir import default_logdir, default_run_name
+    from evald.daemon.run_dir import default_logdir, default_run_name
 
     exp = tmp_path / "llama-exp1"
     for served in (exp / "output", exp / "output" / "checkpoint_network" / "rank_0"):

@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from evald.cli import parse_config
+from evald.cli.main import parse_config
 from evald.config import ConfigError, EvaldConfig
 from evald.config.values import MinDelta
 from evald.contracts import wire
-from evald.decisions import Decisions
-from evald.early_stop import EarlyStopPolicy
+from evald.decisions.decisions import Decisions
+from evald.decisions.early_stop import EarlyStopPolicy
 
 
 @pytest.mark.parametrize("argv, expected", [

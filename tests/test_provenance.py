@@ -19,11 +19,11 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from evald import provenance  # noqa: E402
+from evald.pipeline import provenance  # noqa: E402
 from evald.contracts import layout  # noqa: E402
 from evald.contracts.wire import FactorySpec  # noqa: E402
-from evald.evaluator import EvalResult, Evaluator  # noqa: E402
-from evald.swap_check import SwapMismatch  # noqa: E402
+from evald.pipeline.network import EvalResult, Evaluator  # noqa: E402
+from evald.pipeline.swap_check import SwapMismatch  # noqa: E402
 
 MODEL = FactorySpec("examples.tiny_lm.model:build_model", {"seq_len": 16, "d_model": 32})
 DATA = FactorySpec("examples.tiny_lm.data:validation_windows", {"seq_len": 16})
@@ -93,7 +93,7 @@ def test_the_swap_check_catches_a_parameter_left_behind(checkpoints, monkeypatch
     paths, _ = checkpoints
     hot = evaluator(mode)
     hot.evaluate(paths["A"], "evald")
-    from evald import hot_swap
+    from evald.pipeline import hot_swap
 
     real = hot_swap.layout.read_checkpoint
 
@@ -113,7 +113,7 @@ def test_the_swap_check_catches_a_parameter_left_behind(checkpoints, monkeypatch
 
 @pytest.mark.parametrize("mode", ["sampled", "full"])
 def test_the_swap_check_names_a_parameter_whose_memory_is_not_the_checkpoints(checkpoints, monkeypatch, mode):
-    from evald import evaluator as evaluator_module
+    from evald.pipeline import network as evaluator_module
 
     paths, weights = checkpoints
     hot = evaluator(mode)
@@ -132,9 +132,9 @@ def test_the_swap_check_names_a_parameter_whose_memory_is_not_the_checkpoints(ch
 
 def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said(tmp_path):
     from evald.config import EvaldConfig, ResolvedConfig
-    from evald.ledger import Ledger
-    from evald.run import Run
-    from evald.subset import SubsetInfo
+    from evald.ledger.ledger import Ledger
+    from evald.daemon.run import Run
+    from evald.pipeline.subset import SubsetInfo
     from tests.harness import text_events
 
     ckpt = tmp_path / "ckpt"
@@ -150,7 +150,7 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
             return True
 
         def evaluate(self, ckpt_dir, row):
-            from evald.pipeline import Evaluated
+            from evald.pipeline.pipeline import Evaluated
 
             found = {"weights_sha256": f"w{row.step}", "weights_digest_of": "test", "subset_sha256": "s",
                      "config": configs[row.step], "swap_check": "verified (sampled)"}

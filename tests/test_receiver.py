@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from evald.contracts import wire
-from evald.sources.receiver import BAD_MESSAGE, ZMQ, Receiver
+from evald.intake.receiver import BAD_MESSAGE, ZMQ, Receiver
 from tests.conftest import tempfile_dir
 
 WAIT_S = 30.0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from evald.sources import mounts
+from evald.intake import mounts
 from evald.contracts import layout
 from tests import faults
 from tests.harness import (PYTHON, Proc, base_env, committed_steps, hook_stats, raw_scalar_steps, run_dir,
@@ -259,7 +259,7 @@ def test_watch_auto_polls_on_a_shared_filesystem(tmp_path, monkeypatch):
 
     from watchdog.observers.polling import PollingObserver
 
-    from evald.sources import discovery
+    from evald.intake import discovery
 
     monkeypatch.setattr(discovery, "filesystem_type", lambda path: "nfs4")
     assert isinstance(discovery.Discovery(tmp_path, queue.Queue(), watch="auto")._observer, PollingObserver)
@@ -476,7 +476,7 @@ def test_model_train_without_evald_then_evald_catches_up(tmp_path, endpoints, pr
 
 
 def test_restart_after_crashes_between_durable_writes(tmp_path, procs):
-    from evald.ledger import EVALUATED, Ledger, Record
+    from evald.ledger.ledger import EVALUATED, Ledger, Record
     from evald.sinks.tensorboard import EventLog
 
     ckpt = tmp_path / "ckpt"

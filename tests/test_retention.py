@@ -14,9 +14,9 @@ import pytest
 
 from evald.contracts import layout
 from evald.contracts.wire import ControlState, decode
-from evald.leases import Leases
-from evald.ledger import EVALUATED, FAILED, Ledger
-from evald.requeue import RETRY
+from evald.sinks.leases import Leases
+from evald.ledger.ledger import EVALUATED, FAILED, Ledger
+from evald.ledger.requeue import RETRY
 from trainer_hooks.retention import Retention, Snapshot, plan
 
 WEIGHTS = {"w": np.zeros(256, np.float32)}

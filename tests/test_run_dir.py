@@ -1,6 +1,6 @@
 """Where a run lives (issue 11): one run directory per training run in a shared TensorBoard log
 directory, train/ and eval/ sub-runs sharing tag names, a run name chosen once and found again,
-nothing written in the checkpoint directory, and a flat ledger of evald 0.2 carried over.
+nothing written in the checkpoint directory, and a ledger of another schema refused.
 In-process with the real ledger, sink and TensorBoard reader; evald as a process in test_views.py."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 
 from evald.contracts import layout
-from evald.ledger import EVALUATED, Ledger, Record
-from evald.legacy_layout import migrate_flat_ledger
-from evald.run_dir import RunDirError, default_logdir, open_run, runs_in
-from evald.sinks.summary_text import summary_markdown
+from evald.ledger.ledger import EVALUATED, Ledger, Record
+from evald.daemon.run_dir import RunDirError, default_logdir, open_run, runs_in
+from evald.sinks.summary_table import summary_markdown
 from evald.sinks.tensorboard import EventLog, TensorBoardSink
 from tests import faults
 from tests.harness import raw_scalar_steps, run_dir, scalar_points
@@ -97,74 +96,17 @@ def test_the_summary_is_a_markdown_table():
     assert "{" not in text
 
 
-def _flat_state(flat: Path, ckpt: Path) -> None:
-    """What evald 0.2 left: a flat ledger (10 and 20 evaluated, their records written) and events."""
-    for step in (10, 20):
-        layout.write_checkpoint(ckpt, step, {"w": np.zeros(4, np.float32)}, run_id="r")
-    flat.mkdir(parents=True, exist_ok=True)
-    ledger = Ledger(flat / "ledger.sqlite")
-    events = EventLog(flat)
-    for step in (10, 20):
-        ledger.admit(name=layout.step_dir_name(step), step=step, kind="evald", found_via="rescan", run_id="r",
-                     commit_time=time.time())
-        ledger.start(step)
-        ledger.finish(step, EVALUATED, metrics={"eval/loss": 3.0 - step / 100},
-                      record=Record("eval", step, time.time(), {"eval/loss": 3.0 - step / 100}, {}))
-        events.write(step, time.time(), {"eval/loss": 3.0 - step / 100})
-    ledger.mark_written([r.id for r in ledger.pending_records()])
-    (flat / "summary.json").write_text('{"best_step": 20}')
-    events.close()
-    ledger.close()
+def test_a_ledger_of_another_schema_is_refused_and_left_as_it_was(tmp_path):
+    """No migration layers: nothing was released before this schema, so any other is an error."""
+    import sqlite3
+    from evald.ledger.ledger import LedgerVersionError
 
-
-def test_a_flat_ledger_in_the_checkpoint_directory_is_carried_over_and_the_directory_left_alone(tmp_path):
-    ckpt = tmp_path / "exp" / "ckpt"
-    _flat_state(ckpt / "evald", ckpt)
-    before = tree(ckpt)
-    run = open_run(ckpt, None, None)
-    assert migrate_flat_ledger(run) == ckpt / "evald" / "ledger.sqlite"
-    assert tree(ckpt) == before  # not one byte or mtime changed in the checkpoint directory
-    ledger = Ledger(run.ledger)
-    assert [(s.step, s.state, s.attempts) for s in ledger.steps()] == [(10, EVALUATED, 1), (20, EVALUATED, 1)]
-    assert len(ledger.pending_records()) == 2  # the history, written again in the new layout
-    TensorBoardSink(run.path, ledger).drain()
-    ledger.close()
-    assert raw_scalar_steps(run.path, "eval/loss") == [10, 20]
-    assert json.loads((run.path / "summary.json").read_text()) == {"best_step": 20}
-    assert migrate_flat_ledger(run) is None  # once
-
-
-def test_a_flat_ledger_at_the_top_of_the_log_directory_goes_to_its_own_run_only(tmp_path):
-    logdir, ckpt, stranger = tmp_path / "tb", tmp_path / "a" / "ckpt", tmp_path / "b" / "ckpt"
-    _flat_state(logdir, ckpt)
-    before = tree(ckpt)
-    stranger.mkdir(parents=True)
-    layout.write_checkpoint(stranger, 99, {"w": np.zeros(4, np.float32)}, run_id="s")
-    other = open_run(stranger, logdir, None)
-    assert migrate_flat_ledger(other) is None and not other.ledger.exists()  # not its ledger
-    run = open_run(ckpt, logdir, None)
-    assert migrate_flat_ledger(run) == logdir / "ledger.sqlite"
-    assert (logdir / "ledger.sqlite.migrated").exists() and not (logdir / "ledger.sqlite").exists()
-    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1  # the old events stay readable
-    ledger = Ledger(run.ledger)
-    assert [s.step for s in ledger.steps()] == [10, 20]
-    ledger.close()
-    assert tree(ckpt) == before
-
-
-def test_an_evald_restarted_after_the_flat_layout_continues_the_same_run(tmp_path, procs):
-    ckpt = tmp_path / "exp" / "ckpt"
-    faults.announce(ckpt)
-    _flat_state(ckpt / "evald", ckpt)      # evald 0.2 evaluated 10 and 20 ...
-    flat_before = tree(ckpt / "evald")
-    faults.commit(ckpt, 30)                 # ... and 30 arrived while it was down
-    evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--idle-exit-s", "2")
-    procs.append(evald)
-    assert evald.wait(240) == 0, evald.output()[-3000:]
-    assert "continued the run of the flat layout" in evald.output()
-    rows = faults.ledger_rows(ckpt)
-    assert [(r["step"], r["state"], r["attempts"]) for r in rows] == [(10, "evaluated", 1), (20, "evaluated", 1),
-                                                                       (30, "evaluated", 1)]  # none redone
-    assert run_dir(ckpt) == tmp_path / "exp" / "tensorboard" / "exp"
-    assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [10, 20, 30]  # the whole history, once each
-    assert tree(ckpt / "evald") == flat_before  # the old directory as it was, still readable
+    path = tmp_path / "ledger.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE checkpoints (step INTEGER)")  # an unknown, older state file
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(LedgerVersionError, match="schema 0.*new --logdir"):
+        Ledger(path)
+    assert path.read_bytes() == before

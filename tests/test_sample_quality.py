@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from evald.metrics.sample_quality import (
+from evald.pipeline.metrics.sample_quality import (
     distinct_n,
     mean_repetition_rate,
     repetition_rate,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evald.subset import fixed_batches, select_subset
+from evald.pipeline.subset import fixed_batches, select_subset
 
 
 def test_same_seed_same_samples_different_seed_different_samples():
@@ -38,14 +38,14 @@ def test_tuple_items_become_parallel_arrays():
 def test_the_subset_record_reproduces_the_indices_and_says_when_data_is_short(caplog):
     import json
 
-    from evald.subset import SubsetInfo
+    from evald.pipeline.subset import SubsetInfo
 
     info = SubsetInfo.of(select_subset(1000, 10, 3), num_samples=1000, requested=10, seed=3)
     data = json.loads(info.to_json())
     assert data["indices"] == list(select_subset(1000, 10, 3)) and len(data["sha256"]) == 64
     assert "default_rng(seed)" in data["rule"]
     assert caplog.records == []
-    with caplog.at_level("WARNING", logger="evald.subset"):
+    with caplog.at_level("WARNING", logger="evald.pipeline.subset"):
         short = SubsetInfo.of(select_subset(5, 10, 3), num_samples=5, requested=10, seed=3)
     assert short.indices == (0, 1, 2, 3, 4)
     assert "has 5 samples, fewer than --subset-size 10: every sample is evaluated" in caplog.text

@@ -22,10 +22,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from evald.contracts import auth, key_bundles, wire
+from evald.cli import keys as key_bundles
+from evald.contracts import auth, wire
 from evald.contracts.auth import SecurityConfig
 from evald.sinks.control import ControlPublisher
-from evald.sources.receiver import ZMQ, ZMQ_UNTRUSTED, Receiver
+from evald.intake.receiver import ZMQ, ZMQ_UNTRUSTED, Receiver
 from tests.harness import committed_steps, hook_stats, start_evald, start_trainer, wait_for
 from trainer_hooks.notifier import Notifier
 from trainer_hooks.stop_agreement import ControlSubscriber
@@ -266,8 +267,8 @@ def test_a_stop_forged_by_an_unauthorised_process_is_ignored_by_a_training_proce
 
 
 def test_only_a_trusted_first_message_chooses_the_directory(tmp_path, caplog):
-    from evald.cli import parse_config
-    from evald.server import Server
+    from evald.cli.main import parse_config
+    from evald.daemon.server import Server
 
     server = Server(parse_config([], environ={}))
     attached: list[Path] = []

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from evald.metrics import uncertainty as U
+from evald.pipeline.metrics import uncertainty as U
 
 
 def test_ratio_se_with_equal_denominators_is_the_se_of_the_per_sample_means():
@@ -56,7 +56,7 @@ def test_the_bootstrap_statistics_equal_evalds_metrics_and_scikit_learns_on_the_
     pytest.importorskip("mindspore")
     from sklearn.metrics import f1_score, roc_auc_score
 
-    from evald.metrics.classification import classification_metrics, to_probabilities
+    from evald.pipeline.metrics.classification import classification_metrics, to_probabilities
 
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, classes, size=n)
@@ -82,7 +82,7 @@ def test_the_bootstrap_statistics_equal_evalds_metrics_and_scikit_learns_on_the_
 
 def test_classification_task_reports_a_standard_error_next_to_each_metric():
     pytest.importorskip("mindspore")
-    from evald.tasks.classification import ClassificationTask
+    from evald.pipeline.tasks.classification import ClassificationTask
 
     rng = np.random.default_rng(6)
     labels = rng.integers(0, 3, size=200)
@@ -102,7 +102,7 @@ def test_classification_task_reports_a_standard_error_next_to_each_metric():
 
 def test_lm_metrics_are_the_same_whether_the_outputs_came_in_one_part_or_several():
     pytest.importorskip("mindspore")
-    from evald.tasks.lm import LanguageModelTask
+    from evald.pipeline.tasks.lm import LanguageModelTask
 
     rng = np.random.default_rng(7)
     outputs = {"nll": rng.gamma(3.0, 40.0, size=96), "correct": rng.integers(0, 64, size=96).astype(float),

@@ -1,7 +1,10 @@
 """evald's configuration: one definition of every option (options.py), one validator for
 every source (schema.py), the sources (sources.py) and their merge (resolve.py).
 
-docs/configuration.md has the table, generated from options.py.
+docs/configuration.md has the table, generated from options.py. ``values.py`` and
+``health_thresholds.py`` are the option types with structure (devices, --min-delta, health).
+
+May import: contracts.
 """
 
 from __future__ import annotations

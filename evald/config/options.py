@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from evald.config.schema import opt
 from evald.config.values import DeviceSpec, MinDelta
 from evald.contracts import auth
-from evald.health_thresholds import HealthThresholds
+from evald.config.health_thresholds import HealthThresholds
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Retention leases: which snapshots the trainer may delete, as evald says on the control channel.
 
-Part of the wire contract (docs/wire-protocol.md, "Leases"); shared by evald (evald.leases
+Part of the wire contract (docs/wire-protocol.md, "Leases"); shared by evald (evald.sinks.leases
 builds the fields) and the trainer hook (trainer_hooks.retention honours them). The sticky
 ``control_state`` carries:
 

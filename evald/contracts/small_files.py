@@ -6,7 +6,7 @@ Anyone who can write the checkpoint directory controls these files: one could be
 outside the directory, or 100 GB. So the file is opened once, without following a link in
 its last component and without blocking, examined with ``fstat`` on that same descriptor
 (no check-then-open race), and read up to a bound. The ``stat`` of what was read is
-returned, so a caller that decides whether to trust a file (evald.trust) judges exactly
+returned, so a caller that decides whether to trust a file (evald.intake.trust) judges exactly
 the bytes it got. Part of the layout contract; imports neither mindspore nor zmq.
 """
 

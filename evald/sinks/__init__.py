@@ -1,1 +1,9 @@
-"""Where results go: TensorBoard records, the control channel, the best-checkpoint pointer."""
+"""Where results go, written from what the ledger committed: TensorBoard records (the
+ledger's outbox), the control channel and its retention leases, the best-checkpoint
+pointer, and the run summary.
+
+- ``tensorboard.py``, ``control.py``, ``leases.py``, ``best_pointer.py``
+- ``summary.py`` (summary.json), ``summary_table.py`` (its Markdown table)
+
+May import: config, contracts, ledger, decisions.
+"""

@@ -3,7 +3,7 @@
 ``{"step", "dir", "monitor", "value", "updated_at"}``; ``dir`` is the entry of the
 checkpoint directory the step was read from (a ``step_N`` directory or a foreign
 file), for people and tools. The trainer hook does not read it: evald names the best
-step on its control channel, with its retention leases (evald.leases), and the hook's
+step on its control channel, with its retention leases (evald.sinks.leases), and the hook's
 pruning never deletes it (docs/reliability.md, "Retention").
 """
 

@@ -34,8 +34,8 @@ from tensorboardX.proto import event_pb2, summary_pb2
 from tensorboardX.summary import scalar as scalar_summary
 from tensorboardX.summary import text as text_summary
 
-from evald.disk_full import REMIND_S, RETRY_S, is_full
-from evald.ledger import Ledger, Record
+from evald.ledger.disk_full import REMIND_S, RETRY_S, is_full
+from evald.ledger.ledger import Ledger, Record
 
 log = logging.getLogger("evald.tensorboard")
 FSYNC_EVERY = 500  # records per fsync: a crash before the mark is found on disk at the restart (_reconcile)

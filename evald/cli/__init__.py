@@ -1,0 +1,11 @@
+"""The ``evald`` command and its subcommands: ``evald`` (the daemon), ``status``, ``retry``,
+``subset`` and ``keys``. It parses and validates the command line once, then hands a
+``ResolvedConfig`` to the daemon or runs a read-only report.
+
+- ``main.py``: the argument parser and the dispatch to a subcommand
+- ``commands.py``: ``status``, ``retry``, ``subset``
+- ``status.py``, ``step_report.py``: a run's state, and what happened to one step
+- ``keys.py``: ``evald keys DIR`` writes CURVE key bundles (docs/authentication.md)
+
+May import: every other package of evald (it is the top layer).
+"""

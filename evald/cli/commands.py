@@ -1,0 +1,150 @@
+"""evald's subcommands besides serving a run: ``evald status``, ``evald retry``, ``evald subset``,
+``evald keys``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from evald.daemon.run_dir import LEDGER_FILE, RunDirError, locate, runs_in
+
+
+def run(name: str, argv: Sequence[str]) -> int:
+    return {"status": status, "retry": retry, "subset": subset, "keys": keys}[name](argv)
+
+
+def _which_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ckpt-dir", default=os.environ.get("EVALD_CKPT_DIR"),
+                   help="the checkpoint directory the run serves (env EVALD_CKPT_DIR)")
+    p.add_argument("--logdir", default=os.environ.get("EVALD_LOGDIR"),
+                   help="the log directory evald was given, if any (default: CKPT_DIR/../tensorboard; env EVALD_LOGDIR)")
+    p.add_argument("--run-name", default=os.environ.get("EVALD_RUN_NAME"), help="the run's name in the log directory")
+    p.add_argument("--run-dir", default=None, help="the run directory itself: LOGDIR/RUN_NAME")
+
+
+def _run_path(args: argparse.Namespace, prog: str) -> Path | None:
+    try:
+        path = locate(args.run_dir, args.ckpt_dir and Path(args.ckpt_dir), args.logdir and Path(args.logdir),
+                      args.run_name)
+    except RunDirError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return None
+    if not (path / LEDGER_FILE).exists():
+        print(f"{prog}: {path / LEDGER_FILE} does not exist: has evald started on this run?", file=sys.stderr)
+        return None
+    return path
+
+
+def status(argv: Sequence[str]) -> int:
+    """Show a run's state: read-only, safe while evald runs"""
+    from evald.cli.status import gather, render
+
+    p = argparse.ArgumentParser(prog="evald status", description=status.__doc__ + ". Exit 2 when the run "
+                                "cannot be found.")
+    _which_run(p)
+    p.add_argument("--json", action="store_true", help="print the same information as one JSON object")
+    p.add_argument("--step", type=int, action="append", metavar="STEP", help="what happened to step STEP: its "
+                   "evaluation (metrics ± SE, provenance), skip or failure, and lag (repeatable)")
+    args = p.parse_args(list(argv))
+    path = _run_path(args, "evald status")
+    if path is None:
+        return 2
+    info = gather(path)
+    if args.step:
+        from evald.cli import step_report
+
+        steps = [step_report.describe(path, step, info["ckpt_dir"]) for step in args.step]
+        print(json.dumps(steps, indent=1) if args.json else "\n\n".join(map(step_report.render, steps)))
+        return 0
+    print(json.dumps(info, indent=1) if args.json else render(info))
+    return 0
+
+
+def retry(argv: Sequence[str]) -> int:
+    """Re-queue failed checkpoints, and judge rejected files again: all of them when no STEP is named.
+    Safe while evald runs: it evaluates them at its next turn; otherwise at its next start"""
+    from evald.ledger.ledger import Ledger
+    from evald.ledger.requeue import retry as requeue
+    from evald.cli.status import lock_holder
+
+    p = argparse.ArgumentParser(prog="evald retry", description=retry.__doc__ + ".")
+    p.add_argument("steps", nargs="*", type=int, metavar="STEP", help="steps to re-queue (default: every failure)")
+    _which_run(p)
+    args = p.parse_args(list(argv))
+    path = _run_path(args, "evald retry")
+    if path is None:
+        return 2
+    ledger = Ledger(path / LEDGER_FILE)
+    try:
+        done = requeue(ledger, args.steps or None, "re-queued by evald retry")
+    finally:
+        ledger.close()
+    holder = lock_holder(path / "evald.lock")
+    print(f"evald retry: {done.describe()}")
+    if done.requeued or done.rejudged:
+        print(f"evald pid {holder.get('pid')} serves this run and takes them up at its next turn" if holder
+              is not None else "no evald serves this run now: they are evaluated when evald starts on it")
+    return 1 if args.steps and done.not_failed and not done.requeued and not done.rejudged else 0
+
+
+def keys(argv: Sequence[str]) -> int:
+    """Create CURVE key pairs for evald and the trainer, one directory per host, and say where each goes."""
+    from evald.cli.keys import keys_command
+
+    p = argparse.ArgumentParser(prog="evald keys", description=keys.__doc__ + " See docs/authentication.md.")
+    p.add_argument("dir", metavar="DIR", help="a new directory (created 0700); existing keys are never overwritten")
+    return keys_command(p.parse_args(list(argv)).dir)
+
+
+def subset(argv: Sequence[str]) -> int:
+    """Print the fixed validation subset: as recorded by an evald, or as evald would choose it."""
+    from evald.config import EvaldConfig, default_of
+    from evald.pipeline.subset import RULE, SubsetInfo, select_subset
+
+    fields = EvaldConfig.__dataclass_fields__
+    p = argparse.ArgumentParser(prog="evald subset", description=subset.__doc__ + f". The rule: {RULE}.")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--logdir", "--run-dir", dest="logdir",
+                        help="an evald run directory (LOGDIR/RUN_NAME), or a log directory holding one run: "
+                             "print the subset it recorded (subset.json)")
+    source.add_argument("--num-samples", type=int, help="the validation set's length")
+    source.add_argument("--data-factory", help="module:function of the validation set (its length is used)")
+    p.add_argument("--data-kwargs", type=json.loads, default={}, help="JSON kwargs of the data factory")
+    p.add_argument("--app-dir", default=None, help="directory put first on sys.path for the factory")
+    p.add_argument("--subset-size", type=int, default=default_of(fields["subset_size"]))
+    p.add_argument("--subset-seed", type=int, default=default_of(fields["subset_seed"]))
+    p.add_argument("--json", action="store_true", help="print subset.json's JSON instead of one index per line")
+    args = p.parse_args(list(argv))
+    if args.logdir:
+        runs = runs_in(Path(args.logdir))
+        run_path = runs[0].path if not (Path(args.logdir) / "subset.json").exists() and len(runs) == 1 else None
+        path = (run_path or Path(args.logdir)) / "subset.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            print(f"evald subset: {path} does not exist: has that evald built its network yet?", file=sys.stderr)
+            return 2
+        info = SubsetInfo(tuple(data["indices"]), data["num_samples"], data["subset_size"], data["seed"],
+                          data["sha256"])
+    else:
+        size = args.num_samples
+        if args.data_factory:
+            from evald.contracts.wire import FactorySpec
+            from evald.pipeline.factories import call_factory
+
+            size = len(call_factory(FactorySpec(args.data_factory, args.data_kwargs, args.app_dir), "data"))
+        if size is None or size <= 0 or args.subset_size < 1 or args.subset_seed < 0:
+            print("evald subset: --num-samples and --subset-size must be >= 1, --subset-seed >= 0", file=sys.stderr)
+            return 2
+        info = SubsetInfo.of(select_subset(size, args.subset_size, args.subset_seed), num_samples=size,
+                             requested=args.subset_size, seed=args.subset_seed)
+    if args.json:
+        print(info.to_json())
+    else:
+        print(f"# {info.describe()}; sha256 {info.sha256}", file=sys.stderr)
+        print("\n".join(str(i) for i in info.indices))
+    return 0

@@ -1,0 +1,168 @@
+"""``evald status``: a run's state, read from its ledger without changing anything.
+
+Safe while evald runs: the ledger is opened read-only (sqlite ``mode=ro``; a ledger
+closed cleanly is opened ``immutable`` so that nothing is created beside it), and
+whether an evald serves the run is read from ``/proc/locks`` (the kernel's table of
+held locks), falling back to a shared non-blocking ``flock`` probe, released at once,
+where that table cannot tell (a lock held from another host of a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from evald.contracts import layout
+from evald.contracts.wire import ProtocolError, announcement_from_json
+from evald.ledger.ledger import DELETED, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, Ledger
+from evald.daemon.run_dir import IDENTITY_FILE, LEDGER_FILE, LOCK_FILE, read_identity
+
+STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
+
+
+class ReadOnlyLedger(Ledger):
+    """The ledger's read methods on a read-only connection (no schema creation, no migration)."""
+
+    def __init__(self, path: Path) -> None:  # noqa: super().__init__ would create and migrate
+        self.path = Path(path)
+        mode = "ro" if Path(f"{path}-wal").exists() else "ro&immutable=1"
+        self._db = sqlite3.connect(f"file:{self.path}?mode={mode}", uri=True, isolation_level=None, timeout=30)
+
+    def times(self) -> dict[int, tuple[float | None, float, float | None]]:
+        """``{step: (commit_time, admitted_at, finished_at)}``."""
+        rows = self._db.execute("SELECT step, commit_time, admitted_at, finished_at FROM steps").fetchall()
+        return {step: (commit, admitted, finished) for step, commit, admitted, finished in rows}
+
+
+def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
+    """Everything ``evald status`` shows, as plain JSON-able data. FileNotFoundError without a ledger."""
+    run_path = Path(run_path)
+    if not (run_path / LEDGER_FILE).exists():
+        raise FileNotFoundError(f"{run_path / LEDGER_FILE} does not exist: no evald has served this run yet")
+    now = time.time() if now is None else now
+    identity = read_identity(run_path) or {}
+    ckpt_dir = identity.get("ckpt_dir") or (str(run_path.parent) if IDENTITY_FILE not in os.listdir(run_path)
+                                            and run_path.name == layout.EVALD_SUBDIR else None)
+    ledger = ReadOnlyLedger(run_path / LEDGER_FILE)
+    try:
+        steps, files, times = ledger.steps(), ledger.files(), ledger.times()
+        decisions = ledger.get_state("decisions", {}) or {}
+        summarised = ledger.get_state("summarised")
+    finally:
+        ledger.close()
+    counts = {state: sum(1 for s in steps if s.state == state) for state in STATES}
+    evaluated = [s for s in steps if s.state == EVALUATED]
+    last = max(evaluated, key=lambda s: (times[s.step][2] or 0, s.step), default=None)
+    waiting = [s for s in steps if s.state in (QUEUED, EVALUATING)]
+    oldest_wait = min((times[s.step][0] or times[s.step][1] for s in waiting), default=None)
+    newest = max((s.step for s in steps), default=None)
+    newest_evaluated = max((s.step for s in evaluated), default=None)
+    early_stop, control = decisions.get("early_stop") or {}, decisions.get("control") or {}
+    return {
+        "run_dir": str(run_path), "run_name": run_path.name, "ckpt_dir": ckpt_dir,
+        "run_id": _run_id(ckpt_dir) or control.get("run_id") or next((s.run_id for s in reversed(steps) if s.run_id),
+                                                                     None),
+        "served_by": lock_holder(run_path / LOCK_FILE),
+        "checkpoints": counts, "total": len(steps),
+        "failures": [{"step": s.step, "state": s.state, "file": s.source, "reason": s.reason}
+                     for s in steps if s.state in (FAILED, DELETED)],
+        "rejected_files": [{"file": name, "reason": reason} for name, step, status, reason in files
+                           if status == REJECTED and step is None],
+        "lag": {"steps": None if newest is None or newest_evaluated is None else newest - newest_evaluated,
+                "seconds": 0.0 if oldest_wait is None else max(0.0, now - oldest_wait),
+                "newest_step": newest, "newest_evaluated_step": newest_evaluated},
+        "last_evaluation": None if last is None else {"step": last.step, "metrics": last.metrics,
+                                                      "finished_at": times[last.step][2]},
+        "best": {"step": early_stop.get("best_step"), "value": early_stop.get("best")},
+        "stop": None if control.get("stop_at_step") is None else {"at_step": control["stop_at_step"],
+                                                                   "reason": control.get("stop_reason", "")},
+        "summarised": summarised is not None,
+    }
+
+
+def _run_id(ckpt_dir: str | None) -> str | None:
+    text = layout.read_run_file(Path(ckpt_dir)) if ckpt_dir else None
+    try:
+        return announcement_from_json(text).run_id if text else None
+    except (ProtocolError, OSError):
+        return None
+
+
+def lock_holder(lock_path: Path) -> dict[str, Any] | None:
+    """The evald holding ``lock_path`` (pid, host, argv, since), or None when nobody serves the run."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        held = _in_proc_locks(os.fstat(fd))
+        if held is None:  # the kernel's table cannot tell: probe without waiting, release at once
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                held = False
+            except BlockingIOError:
+                held = True
+        if not held:
+            return None
+        try:
+            return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            return {}
+    finally:
+        os.close(fd)
+
+
+def _in_proc_locks(st: os.stat_result) -> bool | None:
+    """True when /proc/locks lists a flock on this file; None when it cannot say."""
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in table.splitlines():
+        parts = line.split()
+        if "FLOCK" in parts and any(p == wanted for p in parts):
+            return True
+    return None  # not held here; another host may hold it
+
+
+def render(info: dict[str, Any]) -> str:
+    """The readable table ``evald status`` prints by default."""
+    served = info["served_by"]
+    who = (f"served by evald pid {served.get('pid')} on {served.get('host')}" if served is not None
+           else "not served (no evald holds its lock)")
+    lag = info["lag"]
+    lines = [f"run          {info['run_name']}  ({info['run_dir']})",
+             f"run id       {info['run_id'] or '-'}",
+             f"checkpoints  {info['ckpt_dir'] or '-'}",
+             f"evald        {who}",
+             "",
+             "state        " + "  ".join(f"{state} {info['checkpoints'][state]}" for state in STATES)
+             + f"  (total {info['total']})",
+             f"lag          {'-' if lag['steps'] is None else lag['steps']} steps "
+             f"(newest {lag['newest_step']}, newest evaluated {lag['newest_evaluated_step']}); "
+             f"oldest waiting checkpoint {lag['seconds']:.0f} s"]
+    last = info["last_evaluation"]
+    if last:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted((last["metrics"] or {}).items())
+                          if k.startswith("eval/") and isinstance(v, (int, float)))  # all of them: --json
+        lines.append(f"last eval    step {last['step']}: {shown}")
+    best, stop = info["best"], info["stop"]
+    shown_best = "-" if best["step"] is None else f"step {best['step']} ({_number(best['value'])})"
+    lines.append(f"best         {shown_best}")
+    lines.append("stop         " + ("-" if stop is None else f"at step {stop['at_step']}: {stop['reason']}"))
+    if info["failures"] or info["rejected_files"]:
+        lines += ["", "failures (evald retry re-queues them)", "  step       state    file / reason"]
+        lines += [f"  {f['step']:<10} {f['state']:<8} {f['file']}: {f['reason']}" for f in info["failures"]]
+        lines += [f"  {'-':<10} rejected {f['file']}: {f['reason']}" for f in info["rejected_files"]]
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, (int, float)) else str(value)

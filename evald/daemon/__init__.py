@@ -1,0 +1,13 @@
+"""evald's lifecycle and the loop for the one checkpoint directory it serves.
+
+- ``server.py``: startup, the tick loop (``Server.on_tick``), shutdown, signal flags, exit codes
+- ``run.py``: one directory: routes events to the intake, ticks the sinks, runs one turn at a time
+- ``turn.py``: one evaluation turn: the lag policy picks, the pipeline evaluates, one ledger
+  transaction records the outcome with its TensorBoard record and the decisions' state
+- ``channels.py``, ``locks.py``: the sockets, each endpoint and directory held by one evald
+- ``run_dir.py``, ``private_files.py``: where a run's state lives, and that it stays private
+- ``eval_group.py``: several devices: evald started under msrun, one process per device
+- ``logs.py``: log lines for people or for log shippers
+
+May import: config, contracts, ledger, files, pipeline, decisions, intake, sinks.
+"""

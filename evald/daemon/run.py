@@ -1,0 +1,302 @@
+"""Everything evald does for the one checkpoint directory it serves.
+
+Data flow (docs/architecture.md)::
+
+    sources (receiver, discovery) --events--> Run.handle
+        files    -> intake (ledger rows, lag policy)
+        messages -> announcement (config), train stream (health, TensorBoard), run end
+    Run.work  -> evaluation.evaluate_next: pipeline (load, verify, evaluate)
+                 -> decisions -> one ledger transaction
+    Run.tick  -> sinks: TensorBoard (the ledger's outbox), control channel, best pointer
+
+The directory is the truth: the trainer's RUN.json names the run and its factories and
+RUN_END.json says it finished. Messages only ring the bell: one for another directory
+or another run is counted and ignored, and never changes what evald serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from pathlib import Path
+from typing import Any
+
+from evald.daemon import turn as evaluation
+
+from evald.intake import trust
+from evald.config import ConfigError, ResolvedConfig, with_announcement
+from evald.contracts import layout
+from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
+from evald.decisions.decisions import Decisions
+from evald.ledger.disk_full import retry
+from evald.intake.intake import Intake
+from evald.sinks.leases import Leases
+from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
+from evald.files.mindformers import entry_name
+from evald.pipeline.pipeline import Pipeline
+from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
+from evald.daemon.run_dir import LEDGER_FILE
+from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
+from evald.sinks.best_pointer import write_best_pointer
+from evald.sinks.summary import write_run_summary
+from evald.sinks.tensorboard import TensorBoardSink
+from evald.intake.discovery import RESCAN, WATCHDOG, Discovery
+from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED
+from evald.intake.train_stream import TrainStream, reach
+
+log = logging.getLogger("evald")
+
+FINAL_CHECKPOINT_GRACE_S = 60.0
+IGNORED_LOG_INTERVAL_S = 10.0
+BLOCKED_REMINDER_S = 60.0
+
+
+class Run:
+    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, run_dir: Path, *, control: Any, receiver: Any,
+                 events: "queue.Queue[tuple[str, Any]]", pipeline: Pipeline) -> None:
+        self.operator = resolved              # what the operator configured
+        self.resolved = resolved              # ... merged with the trainer's announcement
+        self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
+        self.counters = evaluation.Counters()
+        self.ledger = Ledger(run_dir / LEDGER_FILE)
+        self.ledger.recover_interrupted(self.config.tuning.max_attempts)
+        self.decisions = Decisions(self.config)
+        self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
+        self.tensorboard = TensorBoardSink(run_dir, self.ledger)
+        self.intake = Intake(ckpt_dir, self.ledger, self.config)
+        requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
+        self.retries = RetryWatch(self.ledger)
+        self.train = TrainStream(self.ledger, self.decisions)
+        self.leases = Leases(ckpt_dir, self.ledger, self.config.tuning.lease_s)
+        self.pipeline = pipeline
+        self.announcement: RunAnnounced | None = None
+        self.channel = trust.of_receiver(receiver)      # whether its messages may name factories
+        self._channel_announcement: RunAnnounced | None = None
+        self._run_file_changed = Changes(ckpt_dir / layout.RUN_FILE)
+        self._ignored_said_at = float("-inf")
+        self.run_end: RunFinished | None = None
+        self._end_learned_at = self._blocked_said_at = 0.0
+        self._last_rescan = time.monotonic()
+        self.discovery = Discovery(ckpt_dir, events, watch=self.config.tuning.watch,
+                                   polling_interval_s=self.config.tuning.polling_interval_s)
+        self._read_announcement()
+        self._read_run_end()
+        self.discovery.start()
+        self._rescan()
+        self._publish()
+        self._write_best_pointer()
+        log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", ckpt_dir,
+                 self.run_id, run_dir)
+
+    @property
+    def config(self):
+        return self.resolved.config
+
+    @property
+    def run_id(self) -> str | None:
+        return self.announcement.run_id if self.announcement else None
+
+    def handle(self, source: str, item: Any) -> bool:
+        """One event; True when it was news (a message for this run, or an entry not seen before)."""
+        if source in (ZMQ, ZMQ_UNTRUSTED):  # an untrusted message is a doorbell too, never more
+            return self._message(item, trust.of_message(self.receiver, peer_trusted=source == ZMQ))
+        if source in (WATCHDOG, RESCAN):
+            return self._path(Path(item), source)
+        if source == BAD_MESSAGE:
+            self.counters.bad_messages += 1
+        return False
+
+    def _path(self, path: Path, found_via: str) -> bool:
+        if self.discovery.reach(path):  # a MindFormers directory appeared: look inside at once
+            self._rescan()
+        name = entry_name(self.ckpt_dir, path)
+        if name is None:
+            return False
+        if name == layout.RUN_FILE:
+            return self._read_announcement()
+        if name == layout.RUN_END_FILE:
+            return self._read_run_end()
+        return self.intake.found(name, found_via)
+
+    def _message(self, message: Message, origin: trust.Source) -> bool:
+        ckpt_dir = getattr(message, "ckpt_dir", None)
+        if ckpt_dir is not None and Path(ckpt_dir).resolve() != self.ckpt_dir:
+            return self._ignore(message, f"it is for {ckpt_dir}, and this evald serves {self.ckpt_dir}")
+        if message.run_id != self.run_id:
+            if self._run_file_changed():  # a new run announces itself in RUN.json before any message
+                self._read_announcement()
+            if message.run_id != self.run_id:
+                return self._ignore(message, f"run {message.run_id!r} is not the run in "
+                                             f"{self.ckpt_dir / layout.RUN_FILE} ({self.run_id!r})")
+        if isinstance(message, RunAnnounced):
+            if may_name_factories(message, origin) and message != self._channel_announcement:
+                self._channel_announcement = message
+                self._read_announcement()
+        elif isinstance(message, CheckpointCommitted):
+            self.intake.found(message.path, ZMQ)
+        elif isinstance(message, TrainMetrics):
+            self.train.add(message, reach(self.intake.newest_step, self.announcement))
+        elif isinstance(message, RunFinished):
+            # Only the trainer's RUN_END.json ends a run: the message just says "look now". So a
+            # forged message cannot end the run, and a missed one changes nothing.
+            self._read_run_end()
+        return True
+
+    def _ignore(self, message: Message, why: str) -> bool:
+        self.counters.ignored_messages += 1
+        if time.monotonic() - self._ignored_said_at >= IGNORED_LOG_INTERVAL_S:  # a flood must not fill the disk
+            self._ignored_said_at = time.monotonic()
+            log.warning("ignored a %s message: %s (%d ignored so far; one such line every %.0fs at most)",
+                        message.TYPE, why, self.counters.ignored_messages, IGNORED_LOG_INTERVAL_S)
+        return False
+
+    def _read_announcement(self) -> bool:
+        announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel)
+        if announced is None:
+            return False
+        try:
+            resolved = with_announcement(self.operator, announced.options, announced.where)
+        except ConfigError as exc:
+            log.error("%s is not usable: %s", announced.where, exc)
+            return False
+        message = announced.message
+        news = self.announcement is None or message != self.announcement
+        if self.announcement is None or message.run_id != self.announcement.run_id:
+            log.info("run %s announced in %s (task %s, %s steps, a checkpoint every %s)", message.run_id,
+                     self.ckpt_dir, message.task, message.total_steps, message.every_n_steps)
+            self.decisions.begin_run(message.run_id)
+        self.announcement, self.resolved = message, resolved
+        self.intake.run_id = message.run_id
+        return news
+
+    def _read_run_end(self) -> bool:
+        message = read_run_end(self.ckpt_dir)
+        if message is None or message.run_id != self.run_id:
+            return False
+        return self._end(message, str(self.ckpt_dir / layout.RUN_END_FILE))
+
+    def _end(self, message: RunFinished, where: str) -> bool:
+        if self.run_end is not None:
+            return False
+        self.run_end, self._end_learned_at = message, time.monotonic()
+        self.intake.final_step = message.final_step
+        log.info("run %s finished at step %d (%s), learned from %s", message.run_id, message.final_step,
+                 message.reason, where)
+        self._rescan()  # the final checkpoint may have landed without an event
+        return True
+
+    def _rescan(self) -> None:
+        for path in self.discovery.rescan():
+            self._path(path, RESCAN)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.control is not None:
+            if self.leases.due():
+                self._publish()  # fresh leases: what evald still needs, what the trainer may delete
+            self.control.tick()
+        if now - self._last_rescan >= self.config.tuning.rescan_interval_s:
+            self._last_rescan = now
+            self._rescan()
+        self.intake.recheck_settled()
+        if self.retries.changed():  # `evald retry` forgot judged files: judge them again
+            self.intake.forget_judged()
+            self._rescan()
+        self.tensorboard.drain()
+
+    def prepare(self) -> bool:
+        """Build the evaluation network if its factories are known; False while it cannot be."""
+        was_ready = self.pipeline.evaluator is not None
+        ready = self.pipeline.ensure_built(self.config)
+        if ready:
+            requeue_if_config_changed(self.ledger, self.config, network_known=True)
+        if ready and not was_ready:
+            subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
+            retry("subset.json", lambda: layout.atomic_write_text(self.run_dir / "subset.json", subset.to_json()))
+        return ready
+
+    def work(self) -> bool:
+        """Evaluate or skip one queued step; True if something was done."""
+        if not self.ledger.steps(QUEUED):
+            return False
+        if not self.prepare():
+            if time.monotonic() - self._blocked_said_at > BLOCKED_REMINDER_S:
+                self._blocked_said_at = time.monotonic()
+                log.error("%d checkpoint(s) waiting, none can be evaluated: %s", len(self.ledger.steps(QUEUED)),
+                          self.pipeline.blocked_reason)
+            return False
+        subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
+        if self.receiver is not None:
+            self.counters.bad_messages = self.receiver.rejected
+        ctx = evaluation.Context(
+            ckpt_dir=self.ckpt_dir, lag_policy=self.config.lag_policy, final_step=self.intake.final_step,
+            newest_checkpoint_step=self.intake.newest_step, newest_train_step=max(self.train.last_step, 0),
+            every_n_steps=self.announcement.every_n_steps if self.announcement else None,
+            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id)
+        done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
+        self.tensorboard.drain()
+        if done is not None and done[1] is not None:
+            if done[1].improved:
+                self._write_best_pointer()
+            self._publish()
+        return True
+
+    @property
+    def blocked(self) -> bool:
+        """Checkpoints wait but cannot be evaluated (no or broken factories, files evald may not read)."""
+        return (bool(self.ledger.steps(QUEUED)) and self.pipeline.evaluator is None) or bool(self.intake.unreadable)
+
+    @property
+    def blocked_reason(self) -> str | None:
+        unreadable = self.intake.unreadable
+        if unreadable:
+            return f"{len(unreadable)} file(s) evald may not read, e.g. {next(iter(unreadable.values()))}"
+        return self.pipeline.blocked_reason
+
+    def complete(self) -> bool:
+        """The run has finished and every one of its checkpoints has been dealt with."""
+        if (self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling
+                or self.intake.unreadable):
+            return False
+        final = self.ledger.step(self.run_end.final_step)
+        if final is not None and final.state in FINAL_STATES:
+            return True
+        if time.monotonic() - self._end_learned_at > FINAL_CHECKPOINT_GRACE_S:
+            log.warning("the final checkpoint (step %d) never appeared in %s; ending anyway",
+                        self.run_end.final_step, self.ckpt_dir)
+            return True
+        return False
+
+    def finish(self) -> None:
+        """Write the run summary once per run end (a restart does not write it again)."""
+        assert self.run_end is not None
+        if write_run_summary(self.ledger, self.decisions, self.run_dir, self.run_id, self.run_end,
+                             self.config.monitor) is not None:
+            self.tensorboard.drain()
+            self._publish()
+
+    def _publish(self) -> None:
+        self.leases.longest_load_s = self.counters.extra.get("longest_load_s", 0.0)
+        state = self.leases.control_state(
+            self.decisions.control_state(), run_id=self.run_id, seq=self.decisions.seq,
+            lag_policy=self.config.lag_policy, final_step=self.intake.final_step, best_step=self.decisions.best_step)
+        if self.control is not None and state is not None:
+            self.control.update(state)
+
+    def _write_best_pointer(self) -> None:
+        best = self.decisions.best_step
+        row = self.ledger.step(best) if best is not None else None
+        if row is not None:
+            retry("best.json", lambda: write_best_pointer(self.run_dir, best, row.source, self.config.monitor,
+                                                          self.decisions.best_value))
+
+    def close(self) -> None:
+        for name, closer in (("watcher", self.discovery.stop), ("events", self.tensorboard.close),
+                             ("ledger", self.ledger.close)):
+            try:
+                closer()
+            except Exception:
+                log.exception("closing the %s failed during shutdown", name)
+
+

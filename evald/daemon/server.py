@@ -1,0 +1,210 @@
+"""evald's lifecycle: startup, a small tick loop, shutdown (after uvicorn's Server).
+
+How the trainer side meets this loop (see trainer_hooks.EvaldHook)::
+
+    trainer ranks                               evald (this process)
+    -------------                               --------------------
+    snapshot thread: commit step_N/  --disk-->  discovery (watchdog + rescans) --+
+    PUSH checkpoint_committed (NOBLOCK) ----->  receiver thread ------------------+--> events
+                                                                                  |
+          loop: Run.handle(event) -> Run.tick() (sinks) -> Run.work() (one evaluation)
+    rank 0 SUB control_state  <------------  control PUB (stop step, LR advice, summary)
+
+Signals only set flags: the first SIGINT/SIGTERM sets ``should_exit`` (the current
+evaluation finishes, then evald exits 0); a second sets ``force_exit``, which the
+evaluation checks between batches (abandoned, re-queued, exit 1).
+
+Exit codes: 0 done; 1 forced exit; 2 bad configuration or another evald in the way;
+3 checkpoints wait that cannot be evaluated (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from evald.daemon import channels
+
+from evald.ledger import disk_full
+
+from evald.daemon import private_files
+
+from evald.intake import trust
+from evald.config import ResolvedConfig
+from evald.contracts.auth import SecurityError
+from evald.contracts.wire import default_socket_dir
+from evald.daemon.turn import SystemicFailure
+from evald.daemon.locks import InUse, Lock, directory_lock_path
+from evald.pipeline.pipeline import Pipeline
+from evald.daemon.run import Run
+from evald.daemon.run_dir import RunDirError, open_run
+from evald.ledger.ledger import LedgerVersionError
+from evald.intake.receiver import ZMQ, ZMQ_UNTRUSTED
+from evald.pipeline.tasks.base import EvaluationInterrupted
+
+log = logging.getLogger("evald")
+
+EVENT_QUEUE_SIZE = 10_000
+EVENTS_PER_TURN = 1_000
+
+
+class CannotEvaluate(RuntimeError):
+    """The operator's own factories cannot be built: nothing this evald could ever evaluate."""
+
+
+class Server:
+    def __init__(self, resolved: ResolvedConfig, group: Any = None) -> None:
+        self.resolved = resolved
+        self.config = resolved.config
+        self.group = group  # rank 0 of an eval group (evald.pipeline.group_protocol.Group), or None: one device
+        self.should_exit = False
+        self.force_exit = False
+        self.exit_code = 0
+        self.events: "queue.Queue[tuple[str, Any]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
+        self.pipeline = Pipeline(should_abort=self._should_abort, group=group)
+        self.run: Run | None = None
+        self.receiver: Any = None
+        self.control: Any = None
+        self.locks: list[Lock] = []
+        self._last_activity = time.monotonic()
+        self._said_exiting = False
+        disk_full.stop_waiting_when(lambda: self.should_exit)  # a signal ends a wait for disk space
+
+    def serve(self) -> int:
+        self._install_signal_handlers()
+        try:
+            self.startup()
+            self.main_loop()
+        except (InUse, RunDirError, SecurityError, LedgerVersionError) as exc:
+            log.error("%s", exc)
+            self.exit_code = 2
+        except (CannotEvaluate, SystemicFailure) as exc:
+            log.error("%s", exc)
+            self.exit_code = 3
+        except (EvaluationInterrupted, disk_full.DiskFullShutdown):
+            log.warning("forced exit: the work under way was abandoned; it is redone at the next start")
+            self.exit_code = 1
+        finally:
+            self.shutdown()
+        return self.exit_code
+
+    def startup(self) -> None:
+        log.info("evald starting with:\n  %s", "\n  ".join(self.resolved.describe()))
+        private_files.apply_umask(self.config.state_mode)  # before evald creates any file
+        if self.config.zmq:
+            bound = channels.bind(self.config, self.events)
+            self.receiver, self.control = bound.receiver, bound.control
+            self.locks += bound.locks
+        if self.resolved.set_by_operator("model_factory") and self.resolved.set_by_operator("data_factory"):
+            if not self.pipeline.ensure_built(self.config):  # compile now, not at the first checkpoint
+                raise CannotEvaluate(f"{self.pipeline.blocked_reason}; fix the configuration and start again")
+        if self.config.ckpt_dir:
+            self.attach(Path(self.config.ckpt_dir))
+        else:
+            log.info("no --ckpt-dir: waiting for the trainer's first notification on %s",
+                     channels.notification_endpoint(self.config))
+
+    def attach(self, ckpt_dir: Path) -> None:
+        ckpt_dir = ckpt_dir.resolve()
+        how = "give this one another --ckpt-dir"
+        self.locks.append(Lock(directory_lock_path(ckpt_dir, default_socket_dir()), f"checkpoint directory "
+                               f"{ckpt_dir}", how))
+        run = open_run(ckpt_dir, self.config.logdir and Path(self.config.logdir), self.config.run_name)
+        private_files.prepare_state_dir(run.path, self.config.state_mode)
+        self.locks.append(Lock(run.lock, f"run directory {run.path}", "give this one another --logdir"))
+        self.run = Run(self.resolved, ckpt_dir, run.path, control=self.control, receiver=self.receiver,
+                       events=self.events, pipeline=self.pipeline)
+        log.info("TensorBoard run %r in %s: view it with  tensorboard --logdir %s", run.name, run.logdir, run.logdir)
+        self.run.prepare()
+
+    def _should_abort(self) -> bool:
+        """Checked between batches: says once that a signal came, and whether to abandon; meanwhile
+        the control state (with its retention leases, evald.sinks.leases) keeps being re-published."""
+        if self.control is not None and self.run is not None:
+            self.control.tick()
+        if self.should_exit and not self._said_exiting:
+            self._said_exiting = True
+            log.warning("signal received: finishing this evaluation, then exiting (a second signal abandons it)")
+        return self.force_exit
+
+    def main_loop(self) -> None:
+        while not self.should_exit:
+            if self.group is not None:
+                self.group.heartbeat()  # idle ranks wait in a collective, which times out
+            self._drain_events(timeout=0.2)
+            if self.run is None or self.should_exit:
+                continue
+            self.run.tick()
+            if self.run.work():
+                self._last_activity = time.monotonic()
+                continue
+            if self.run.complete():
+                self.run.finish()
+                if not self.config.serve_forever:
+                    return
+            if self._idle_too_long():
+                return
+
+    def _drain_events(self, timeout: float) -> None:
+        try:
+            item = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return
+        for handled in range(1, EVENTS_PER_TURN + 1):
+            source, payload = item
+            if self.run is None and source in (ZMQ, ZMQ_UNTRUSTED) and getattr(payload, "ckpt_dir", None):
+                # The first trusted notification names the directory; an untrusted one is refused, with why.
+                origin = trust.of_message(self.receiver, peer_trusted=source == ZMQ)
+                if trust.may_attach(origin, payload.ckpt_dir, payload.TYPE):
+                    self.attach(Path(payload.ckpt_dir))
+            if self.run is not None and self.run.handle(source, payload):
+                self._last_activity = time.monotonic()
+            if handled == EVENTS_PER_TURN:
+                return  # the sinks, the work and the signal flags get their turn; the rest waits in the queue
+            try:
+                item = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _idle_too_long(self) -> bool:
+        limit = self.config.idle_exit_s
+        if limit is None or self.run is None or self.run.intake.settling:
+            return False
+        if time.monotonic() - self._last_activity < limit:
+            return False
+        if self.run.blocked:
+            log.error("nothing happened for %.0fs and checkpoints are still waiting: %s (--idle-exit-s)", limit,
+                      self.run.blocked_reason)
+            self.exit_code = 3
+        else:
+            log.info("nothing to do for %.0fs: exiting (--idle-exit-s)", limit)
+        return True
+
+    def shutdown(self) -> None:
+        self._should_abort()
+        if self.receiver is not None:
+            log.info("notification channel: %s", self.receiver.stats())
+        closers = [("run", self.run and self.run.close), ("receiver", self.receiver and self.receiver.close),
+                   ("control", self.control and self.control.close), ("group", self.group and self.group.close)]
+        for name, closer in closers:
+            try:
+                if closer:
+                    closer()
+            except Exception:
+                log.exception("closing the %s failed during shutdown", name)
+        for lock in self.locks:
+            lock.release()
+        log.info("evald stopped (exit code %d)", self.exit_code)
+
+    def _install_signal_handlers(self) -> None:
+        def handle(signum: int, _frame: Any) -> None:
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, handle)

@@ -1,0 +1,181 @@
+"""One turn of the work loop: pick a step, evaluate it, commit the result and its decisions.
+
+The lag policy picks the step (its skips committed with the pick), the pipeline
+evaluates it, and ONE ledger transaction records the outcome, the TensorBoard record
+that reports it (metrics, decision, alerts, advice) and the decision state. The sinks
+then write what was committed. So a crash at any point leaves the ledger on one side
+of the change; nothing is decided or written twice (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evald.pipeline import provenance
+from evald.decisions.decisions import Decisions, Outcome
+from evald.intake.lag_policy import decide
+from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
+from evald.pipeline.metrics.uncertainty import SE_SUFFIX, se_tag
+from evald.pipeline.pipeline import Evaluated, Failed, Pipeline, Retry
+from evald.ledger.requeue import RETRY
+from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
+from evald.pipeline.tasks.base import EvaluationInterrupted
+
+log = logging.getLogger("evald")
+
+
+class SystemicFailure(RuntimeError):
+    """Evaluations keep raising unexpectedly, whatever the checkpoint: a bug or a broken set-up."""
+
+
+@dataclass
+class Counters:
+    evaluated: int = 0              # by this process
+    unexpected_in_a_row: int = 0
+    bad_messages: int = 0
+    ignored_messages: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What an evaluation needs to know about the run besides the checkpoint."""
+
+    ckpt_dir: Path
+    lag_policy: str
+    final_step: int | None
+    newest_checkpoint_step: int     # from files in the directory: what a stop step is counted from
+    newest_train_step: int          # from the trainer's messages: only for the lag figure
+    every_n_steps: int | None
+    max_attempts: int
+    subset_text: str
+    run_id: str | None = None       # the run's, for a checkpoint that does not name its own (a foreign file)
+
+
+def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx: Context,
+                  counters: Counters) -> tuple[Step, Outcome | None] | None:
+    """Evaluate (or skip) what the lag policy picks; None when there was nothing to do.
+
+    Returns the step row and, when it was evaluated, the decisions' Outcome.
+    Raises EvaluationInterrupted (the step is queued again) and SystemicFailure.
+    """
+    queued = ledger.steps(QUEUED)
+    if not queued:
+        return None
+    choice = decide(ctx.lag_policy, [row.step for row in queued], final_step=ctx.final_step,
+                    keep={row.step for row in queued if row.found_via == RETRY})
+    for step, reason in choice.skip:
+        log.info("skipped step %d: %s", step, reason, extra={"step": step, "state": SKIPPED, "reason": reason})
+    if choice.evaluate is None:
+        ledger.skip(choice.skip)
+        return None
+    ledger.start(choice.evaluate, choice.skip)
+    row = ledger.step(choice.evaluate)
+    assert row is not None
+    try:
+        result = pipeline.evaluate(ctx.ckpt_dir, row)
+    except EvaluationInterrupted:
+        ledger.requeue(row.step, "interrupted by a forced shutdown; evaluated again at the next start")
+        raise
+    depth = len(queued) - 1 - len(choice.skip)
+    if isinstance(result, Evaluated):
+        counters.unexpected_in_a_row = 0
+        counters.evaluated += 1
+        return row, _commit_evaluation(ledger, decisions, ctx, counters, row, result, depth)
+    if isinstance(result, Failed):
+        _commit_failure(ledger, ctx, row, result.state, result.reason)
+        return row, None
+    return row, _unexpected(ledger, ctx, counters, row, result)
+
+
+def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, counters: Counters, row: Step,
+                       evaluated: Evaluated, queue_depth: int) -> Outcome:
+    result = evaluated.result
+    now = time.time()
+    counters.extra["longest_load_s"] = max(counters.extra.get("longest_load_s", 0.0), result.load_s)
+    newest = _current_step(ctx, row.step)  # the trainer's word, capped near the disk (forged steps)
+    outcome = decisions.observe_eval(row.step, result.metrics, newest_step=newest,
+                                     every_n_steps=ctx.every_n_steps)
+    counts = ledger.counts()
+    scalars = dict(result.metrics)
+    scalars.update({
+        "evald/load_s": result.load_s,
+        "evald/evaluate_s": result.evaluate_s,
+        "evald/lag_steps": float(newest - row.step),
+        "evald/lag_s": max(0.0, now - (row.commit_time or now)),
+        "evald/queue_depth": float(max(0, queue_depth)),
+        "evald/skipped_total": float(counts.get(SKIPPED, 0)),
+        "evald/failed_total": float(counts.get(FAILED, 0) + counts.get(DELETED, 0)),
+        "evald/bad_messages_total": float(counters.bad_messages),
+        "evald/verify_s": result.verify_s,
+    })
+    texts = {**result.texts, **outcome.texts(), "evald/subset": ctx.subset_text}
+    kv, found = {"decisions": decisions.state_dict()}, None
+    if result.provenance:
+        found = provenance.complete(result.provenance, run_id=row.run_id or ctx.run_id, step=row.step,
+                                    source=row.source)
+        texts[provenance.TAG] = provenance.text(found)
+        change = provenance.change(ledger.get_state(provenance.STATE_KEY), found)
+        if change:
+            texts[provenance.CHANGE_TAG] = change
+            log.warning("step %d is %s", row.step, change)
+        kv[provenance.STATE_KEY] = provenance.state(found)
+    record = Record("eval", row.step, row.commit_time or now, scalars, texts)
+    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found)
+    metrics = result.metrics
+    shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}"
+                     + (f"±{metrics[se_tag(k)]:.2g}" if se_tag(k) in metrics else "")
+                     for k, v in metrics.items() if k.startswith("eval/") and not k.endswith(SE_SUFFIX))
+    log.info("step %d: %s | load %.3fs evaluate %.3fs, %.1fs after commit | lag %d steps, queue %d, "
+             "skipped %d, failed %d | %s", row.step, shown, result.load_s, result.evaluate_s,
+             scalars["evald/lag_s"], scalars["evald/lag_steps"], queue_depth, scalars["evald/skipped_total"],
+             scalars["evald/failed_total"], texts["evald/decision"],
+             extra={"step": row.step, "key": row.source, "state": EVALUATED, "metrics": dict(result.metrics),
+                    "load_s": result.load_s, "evaluate_s": result.evaluate_s, "lag_s": scalars["evald/lag_s"],
+                    "lag_steps": int(scalars["evald/lag_steps"]), "queue_depth": queue_depth})
+    if outcome.stop_at_step is not None:
+        log.warning("early stop: %s -> training stops at step %d", outcome.reason, outcome.stop_at_step)
+    if outcome.advisory_stop_at is not None:
+        log.warning("advisory early stop (not enforced, training continues): %s -> training would stop at step %d",
+                    outcome.reason, outcome.advisory_stop_at)
+    if outcome.advice:
+        log.warning("learning-rate advice at step %d: %s", row.step, outcome.advice["reason"])
+    return outcome
+
+
+def _current_step(ctx: Context, step: int) -> int:
+    """Where training is now, for the stop step: the trainer's word, but never more than two
+    snapshot intervals beyond the newest checkpoint on disk (a forged step cannot push the stop
+    out of reach; a trainer already past the stop step stops at its next step anyway)."""
+    on_disk = max(ctx.newest_checkpoint_step, step)
+    reach = 2 * (ctx.every_n_steps or 1)
+    return min(max(ctx.newest_train_step, on_disk), on_disk + reach)
+
+
+def _commit_failure(ledger: Ledger, ctx: Context, row: Step, state: str, reason: str) -> None:
+    now, newest = time.time(), _current_step(ctx, row.step)
+    ledger.finish(row.step, state, reason=reason, record=Record(
+        "eval", row.step, now, lag_scalars(row.step, newest, row.commit_time, now),
+        {SKIP_TAG: skip_text_for(state, row.source, reason)}))
+    log.error("step %d (%s) not evaluated (%s): %s", row.step, row.source, state, reason,
+              extra={"step": row.step, "key": row.source, "state": state, "reason": reason})
+
+
+def _unexpected(ledger: Ledger, ctx: Context, counters: Counters, row: Step, retry: Retry) -> None:
+    counters.unexpected_in_a_row += 1
+    if row.attempts >= ctx.max_attempts and counters.evaluated > 0:
+        # Other checkpoints evaluate fine: this one is the problem.
+        _commit_failure(ledger, ctx, row, FAILED, f"{retry.reason} on each of {row.attempts} attempts")
+        return None
+    ledger.requeue(row.step, f"attempt {row.attempts} raised unexpectedly: {retry.reason}")
+    log.error("step %d: attempt %d raised unexpectedly (%s); it stays queued and will be tried again. "
+              "This is not a verdict on the checkpoint: if it repeats, it is a bug or a set-up problem",
+              row.step, row.attempts, retry.reason)
+    if counters.unexpected_in_a_row >= ctx.max_attempts:
+        raise SystemicFailure(f"{counters.unexpected_in_a_row} evaluations in a row raised unexpectedly (last: "
+                              f"{retry.reason}); every checkpoint stays queued. Fix the cause (see the traceback "
+                              f"above) and start evald again")
+    return None

@@ -1,0 +1,116 @@
+"""A full disk (or quota) under evald's state makes it wait and retry; it never crashes or loses a change.
+
+Every change to the ledger is one transaction (evald.ledger.ledger), so a transaction that fails
+because the disk is full is rolled back whole and can simply be run again: ``guard_ledger``
+wraps every public method of the ledger that way. The TensorBoard outbox keeps records
+until they are on disk, so the sink just stops writing until there is room, and the small
+files (best.json, summary.json, subset.json) are written with ``retry``. evald logs when
+it starts waiting, every minute while it waits, and when it carries on.
+
+A signal while waiting (SIGTERM) ends the wait with ``DiskFullShutdown``: the change that
+could not be written is not committed, so the next start redoes it, as after a crash.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import sqlite3
+import time
+from typing import Any, Callable, TypeVar
+
+log = logging.getLogger("evald")
+
+RETRY_S = 1.0
+REMIND_S = 60.0
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_SQLITE_FULL, _SQLITE_IOERR = 13, 10   # primary result codes (the low byte of extended ones)
+_should_stop: Callable[[], bool] = lambda: False
+T = TypeVar("T")
+
+
+class DiskFullShutdown(Exception):
+    """A signal arrived while evald waited for disk space; what was not written is redone at the next start."""
+
+
+def stop_waiting_when(check: Callable[[], bool]) -> None:
+    """``check`` (the server's signal flag) ends a wait for space."""
+    global _should_stop
+    _should_stop = check
+
+
+def is_full(exc: BaseException | None) -> bool:
+    """A full disk or quota: ENOSPC/EDQUOT, or sqlite's FULL or IOERR, anywhere in the exception's chain."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(exc, sqlite3.OperationalError):
+            code = getattr(exc, "sqlite_errorcode", None)
+            if code is not None and code & 0xFF in (_SQLITE_FULL, _SQLITE_IOERR):
+                return True
+            if "disk is full" in str(exc) or "disk I/O error" in str(exc):
+                return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def retry(what: str, action: Callable[[], T], cleanup: Callable[[], None] | None = None) -> T:
+    """``action()``, run again every RETRY_S while it fails because the disk is full."""
+    waiting_since = None
+    reminded = 0.0
+    while True:
+        try:
+            result = action()
+        except (OSError, sqlite3.Error) as exc:
+            if not is_full(exc):
+                raise
+            if cleanup is not None:
+                cleanup()
+            now = time.monotonic()
+            if waiting_since is None or now - reminded >= REMIND_S:
+                log.warning("%s cannot be written: %s. evald waits and retries every %.0fs%s; nothing is lost "
+                            "(the change is retried whole). Free some space", what, exc, RETRY_S,
+                            f" (waiting for {now - waiting_since:.0f}s)" if waiting_since is not None else "")
+                reminded = now
+                waiting_since = now if waiting_since is None else waiting_since
+            if _should_stop():
+                log.warning("a signal came while waiting for space: exiting without writing %s; the next start "
+                            "redoes what it would have recorded", what)
+                raise DiskFullShutdown(f"stopped while waiting for space to write {what}") from exc
+            time.sleep(RETRY_S)
+            continue
+        if waiting_since is not None:
+            log.warning("%s written again after %.0fs without space; carrying on", what,
+                        time.monotonic() - waiting_since)
+        return result
+
+
+def guard_ledger(cls: type) -> type:
+    """Wrap every public method of the ledger class (and its constructor) in ``retry``."""
+    for name, member in list(vars(cls).items()):
+        if callable(member) and (not name.startswith("_") or name == "__init__"):
+            setattr(cls, name, _guarded(member))
+    return cls
+
+
+def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return retry(f"the ledger {getattr(self, 'path', '')}", lambda: method(self, *args, **kwargs),
+                     cleanup=lambda: _roll_back(self, closing=method.__name__ == "__init__"))
+    return call
+
+
+def _roll_back(ledger: Any, closing: bool) -> None:
+    db = getattr(ledger, "_db", None)
+    if db is None:
+        return
+    try:
+        if closing:
+            db.close()
+        elif db.in_transaction:
+            db.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass  # sqlite may have rolled back by itself; the retry starts clean either way

@@ -1,0 +1,259 @@
+"""The ledger: evald's durable memory of a checkpoint directory (sqlite, in the log directory).
+
+Four tables:
+
+* ``steps``: one row per training step, the unit of evaluation. A step is read from
+  one file (``source``) however many files carry it. States::
+
+      queued -> evaluating -> evaluated | failed | deleted
+        \\-> skipped (reason)     \\-> queued again (interrupted, unexpected error)
+
+* ``files``: every entry of the directory evald looked at, with what became of it
+  (``used`` by a step, a ``duplicate`` of a step read from another file, or
+  ``rejected`` with the reason), so each file is judged once.
+* ``records``: the outbox of TensorBoard records. A record is inserted in the same
+  transaction as the state change it reports and marked ``written`` once it is on
+  disk, so a crash can neither lose a point nor write one twice.
+* ``provenance``: per evaluated step, which weights, subset and config (evald.pipeline.provenance).
+
+Every public method that changes anything is ONE transaction: after a crash the
+ledger is at one side of each change, never in between. ``kv`` holds small JSON
+state (decisions, control state, run end) changed inside those same transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from evald.ledger.disk_full import guard_ledger
+from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
+
+from evald.ledger.schema import (  # noqa: F401 - the row types and states are the ledger's interface
+    SCHEMA, STEP_COLUMNS, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED,
+    SCHEMA_VERSION, SKIPPED, USED, Record, Step, step_from_row)
+
+
+class LedgerVersionError(RuntimeError):
+    """The state file was written with another ledger schema; nothing was changed in it."""
+
+
+class Ledger:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a kill -9 must not lose a state change
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        has_tables = self._db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+        if version != SCHEMA_VERSION and (version != 0 or has_tables):
+            self._db.close()
+            raise LedgerVersionError(f"{self.path} has ledger schema {version}; this evald reads only schema "
+                                     f"{SCHEMA_VERSION}. It was written by another evald version: run that "
+                                     f"version, or give this evald a new --logdir (or --run-name)")
+        with self._transaction() as db:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------ changes (one transaction each)
+
+    def admit(self, *, name: str, step: int, kind: str, found_via: str, run_id: str | None,
+              commit_time: float | None, skip_reason: str | None = None, also: Sequence[str] = ()) -> None:
+        """A new step read from file ``name`` (and the parts ``also``): queued, or skipped with ``skip_reason``."""
+        now = time.time()
+        with self._transaction() as db:
+            for entry in (name, *also):
+                db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)", (entry, step, USED, now))
+            db.execute("INSERT INTO steps(step, state, source, kind, run_id, commit_time, found_via, reason,"
+                       " admitted_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (step, SKIPPED if skip_reason else QUEUED, name, kind, run_id, commit_time, found_via,
+                        skip_reason, now, now if skip_reason else None))
+            if skip_reason:
+                self._outbox(db, _skip_record(db, step, skip_reason, now, commit_time or now))
+
+    def replace_source(self, step: int, *, name: str, kind: str, run_id: str | None,
+                       commit_time: float | None, old_reason: str, also: Sequence[str] = ()) -> None:
+        """A queued step is read from the better file ``name``; its old file becomes a duplicate."""
+        with self._transaction() as db:
+            (old,) = db.execute("SELECT source FROM steps WHERE step=? AND state=?", (step, QUEUED)).fetchone()
+            db.execute("UPDATE files SET status=?, reason=? WHERE name=?", (DUPLICATE, old_reason, old))
+            for entry in (name, *also):
+                db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)",
+                           (entry, step, USED, time.time()))
+            db.execute("UPDATE steps SET source=?, kind=?, run_id=?, commit_time=? WHERE step=?",
+                       (name, kind, run_id, commit_time, step))
+
+    def note_file(self, name: str, step: int | None, status: str, reason: str,
+                  fail_step: bool = False, fail_state: str = FAILED, also: Sequence[str] = ()) -> None:
+        """A file (and the parts ``also``) that is a duplicate or rejected; with ``fail_step``, its step
+        (if new) ends ``fail_state``."""
+        now = time.time()
+        with self._transaction() as db:
+            for entry in (name, *also):
+                db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
+                           (entry, step, status, reason, now))
+            if fail_step and step is not None and not db.execute(
+                    "SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
+                db.execute("INSERT INTO steps(step, state, source, kind, found_via, reason, admitted_at,"
+                           " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, fail_state, name, "unknown", "scan",
+                                                                       reason, now, now))
+                self._outbox(db, _skip_record(db, step, skip_text_for(fail_state, name, reason), now))
+
+    def start(self, step: int, skips: Sequence[tuple[int, str]] = ()) -> None:
+        """``step`` is being evaluated (one more attempt); ``skips`` are passed over by the lag policy."""
+        now = time.time()
+        with self._transaction() as db:
+            self._skip(db, skips, now)
+            db.execute("UPDATE steps SET state=?, started_at=?, attempts=attempts+1 WHERE step=?",
+                       (EVALUATING, now, step))
+
+    def skip(self, skips: Sequence[tuple[int, str]]) -> None:
+        with self._transaction() as db:
+            self._skip(db, skips, time.time())
+
+    def finish(self, step: int, state: str, *, reason: str | None = None,
+               metrics: Mapping[str, float] | None = None, record: Record | None = None,
+               kv: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> None:
+        """The outcome of an evaluation, its record, the decisions it led to and its provenance, at once."""
+        assert state in (EVALUATED, FAILED, DELETED), state
+        with self._transaction() as db:
+            db.execute("UPDATE steps SET state=?, reason=?, finished_at=?, metrics=? WHERE step=?",
+                       (state, reason, time.time(), json.dumps(dict(metrics)) if metrics else None, step))
+            if record is not None:
+                self._outbox(db, record)
+            if provenance is not None:  # evald.pipeline.provenance: which weights, subset and config
+                db.execute("INSERT OR REPLACE INTO provenance VALUES (?, ?)", (step, json.dumps(provenance)))
+            _put(db, kv)
+
+    def requeue(self, step: int, reason: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE steps SET state=?, reason=? WHERE step=?", (QUEUED, reason, step))
+
+    def requeue_failures(self, steps: Sequence[int], forget_steps: Sequence[int], forget_files: Sequence[str],
+                         reason: str, counter: str | None, kv: Mapping[str, Any] | None = None) -> None:
+        """Failed or deleted ``steps`` back to the queue (found_via retry, attempts reset), ``forget_steps``
+        and ``forget_files`` forgotten (to be judged again), ``counter`` in kv incremented, at once."""
+        with self._transaction() as db:
+            failed = (FAILED, DELETED)
+            db.executemany("UPDATE steps SET state=?, reason=?, found_via='retry', attempts=0, finished_at=NULL"
+                           " WHERE step=? AND state IN (?,?)", [(QUEUED, reason, s, *failed) for s in steps])
+            db.executemany("DELETE FROM steps WHERE step=? AND state IN (?,?)", [(s, *failed) for s in forget_steps])
+            db.executemany("DELETE FROM files WHERE name=?", [(name,) for name in forget_files])
+            if counter:
+                kv = {**(kv or {}), counter: self.get_state(counter, 0) + 1}
+            _put(db, kv)
+
+    def recover_interrupted(self, max_attempts: int) -> list[Step]:
+        """At start: steps left ``evaluating`` by a crash go back to ``queued``, or fail past max_attempts."""
+        interrupted = self.steps(EVALUATING)
+        now = time.time()
+        with self._transaction() as db:
+            for row in interrupted:
+                if row.attempts >= max_attempts:
+                    reason = (f"evaluation interrupted {row.attempts} times (evald killed or crashed while "
+                              f"evaluating it); giving up: raise tuning.max_attempts or `evald retry {row.step}`")
+                    db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?",
+                               (FAILED, reason, now, row.step))
+                    self._outbox(db, _skip_record(db, row.step, skip_text_for(FAILED, row.source, reason), now))
+                else:
+                    db.execute("UPDATE steps SET state=?, reason=? WHERE step=?",
+                               (QUEUED, "re-queued: evald was interrupted while evaluating it", row.step))
+        return interrupted
+
+    def add_records(self, records: Sequence[Record], kv: Mapping[str, Any] | None = None) -> None:
+        with self._transaction() as db:
+            for record in records:
+                self._outbox(db, record)
+            _put(db, kv)
+
+    def mark_written(self, ids: Sequence[int]) -> None:
+        with self._transaction() as db:
+            db.executemany("UPDATE records SET written=1 WHERE id=?", [(i,) for i in ids])
+
+    def put_state(self, key: str, value: Any) -> None:
+        with self._transaction() as db:
+            _put(db, {key: value})
+
+    # ------------------------------------------------------------ reads
+
+    def step(self, step: int) -> Step | None:
+        row = self._db.execute(f"SELECT {STEP_COLUMNS} FROM steps WHERE step=?", (step,)).fetchone()
+        return step_from_row(row) if row else None
+
+    def steps(self, *states: str) -> list[Step]:
+        where = f" WHERE state IN ({','.join('?' * len(states))})" if states else ""
+        rows = self._db.execute(f"SELECT {STEP_COLUMNS} FROM steps{where} ORDER BY step", states).fetchall()
+        return [step_from_row(r) for r in rows]
+
+    def step_numbers(self) -> list[int]:
+        return [s for (s,) in self._db.execute("SELECT step FROM steps ORDER BY step")]
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT state, COUNT(*) FROM steps GROUP BY state").fetchall())
+
+    def file_status(self, name: str) -> str | None:
+        row = self._db.execute("SELECT status FROM files WHERE name=?", (name,)).fetchone()
+        return row[0] if row else None
+
+    def files(self) -> list[tuple[str, int | None, str, str | None]]:
+        return self._db.execute("SELECT name, step, status, reason FROM files ORDER BY name").fetchall()
+
+    def pending_records(self) -> list[Record]:
+        rows = self._db.execute("SELECT id, stream, step, wall_time, payload FROM records WHERE written=0 "
+                                "ORDER BY id").fetchall()
+        return [Record(stream, step, wall_time, (data := json.loads(payload)).get("scalars", {}), data.get("texts", {}),
+                       rid) for rid, stream, step, wall_time, payload in rows]
+
+    def provenance(self, step: int) -> dict[str, Any] | None:
+        rows = self._db.execute("SELECT value FROM provenance WHERE step=?", (step,))
+        return next((json.loads(value) for (value,) in rows), None)
+
+    def get_state(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    # ------------------------------------------------------------ internals
+
+    @staticmethod
+    def _outbox(db: sqlite3.Connection, record: Record) -> None:
+        payload = json.dumps({"scalars": dict(record.scalars), "texts": dict(record.texts)})
+        db.execute("INSERT INTO records(stream, step, wall_time, payload) VALUES (?,?,?,?)",
+                   (record.stream, record.step, record.wall_time, payload))
+
+    def _skip(self, db: sqlite3.Connection, skips: Sequence[tuple[int, str]], now: float) -> None:
+        for step, reason in skips:
+            db.execute("UPDATE steps SET state=?, reason=?, finished_at=? WHERE step=?", (SKIPPED, reason, now, step))
+            self._outbox(db, _skip_record(db, step, reason, now))
+
+
+def _skip_record(db: sqlite3.Connection, step: int, text: str, now: float, wall_time: float | None = None) -> Record:
+    newest = db.execute("SELECT MAX(step) FROM steps").fetchone()[0]
+    (commit,) = db.execute("SELECT commit_time FROM steps WHERE step=?", (step,)).fetchone() or (None,)
+    return Record("eval", step, wall_time or now, lag_scalars(step, newest, commit, now), {SKIP_TAG: text})
+
+
+guard_ledger(Ledger)  # a full disk: wait and retry each transaction whole (evald.ledger.disk_full)
+
+
+def _put(db: sqlite3.Connection, kv: Mapping[str, Any] | None) -> None:
+    for key, value in (kv or {}).items():
+        db.execute("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))

@@ -1,0 +1,64 @@
+"""The ledger's tables and row types (evald.ledger.ledger): one place for the sqlite schema and the states."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
+    "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
+FINAL_STATES = (EVALUATED, SKIPPED, FAILED, DELETED)
+USED, DUPLICATE, REJECTED = "used", "duplicate", "rejected"
+SCHEMA_VERSION = 2
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS steps (
+    step INTEGER PRIMARY KEY, state TEXT NOT NULL, source TEXT NOT NULL, kind TEXT NOT NULL,
+    run_id TEXT, commit_time REAL, found_via TEXT NOT NULL, reason TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, admitted_at REAL NOT NULL, started_at REAL,
+    finished_at REAL, metrics TEXT);
+CREATE INDEX IF NOT EXISTS steps_state ON steps(state, step);
+CREATE TABLE IF NOT EXISTS files (
+    name TEXT PRIMARY KEY, step INTEGER, status TEXT NOT NULL, reason TEXT, found_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, step INTEGER NOT NULL,
+    wall_time REAL NOT NULL, payload TEXT NOT NULL, written INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS records_pending ON records(written, id);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS provenance (step INTEGER PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class Step:
+    step: int
+    state: str
+    source: str
+    kind: str
+    run_id: str | None
+    commit_time: float | None
+    found_via: str
+    reason: str | None
+    attempts: int
+    metrics: dict[str, float] | None
+
+
+@dataclass(frozen=True)
+class Record:
+    """One TensorBoard record: every value of one step in one stream (eval or train)."""
+
+    stream: str
+    step: int
+    wall_time: float
+    scalars: Mapping[str, float]
+    texts: Mapping[str, str]
+    id: int | None = None
+
+
+STEP_COLUMNS = "step, state, source, kind, run_id, commit_time, found_via, reason, attempts, metrics"
+
+
+def step_from_row(row: Sequence[Any]) -> Step:
+    *head, metrics = row
+    return Step(*head, json.loads(metrics) if metrics else None)

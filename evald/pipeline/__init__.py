@@ -1,0 +1,15 @@
+"""Build the network once, hot-swap each checkpoint into it, evaluate the fixed subset.
+
+- ``pipeline.py``: the ``Pipeline``: build when the factories are known, evaluate one step,
+  say whether it was evaluated, failed (a bad file) or must be retried
+- ``network.py``: the network compiled once, its tasks and its subset
+- ``weights.py``, ``hot_swap.py``, ``name_fit.py``, ``slice_merge.py``: reading weights into the
+  network's memory, fitting names, merging tensor-parallel slices
+- ``swap_check.py``, ``provenance.py``: proof of each swap; which weights, subset and
+  configuration produced a point
+- ``subset.py``, ``factories.py``, ``device.py``: the seeded subset, the user's factories, the device
+- ``group_protocol.py``, ``group_evaluator.py``: the same evaluation on several devices
+- ``tasks/``, ``metrics/``: Graph-mode eval cells and their metrics
+
+May import: config, contracts, ledger, files.
+"""

@@ -1,0 +1,141 @@
+"""Evaluation on every rank of an eval group (docs/eval-group.md).
+
+Rank 0's Pipeline holds a ``GroupEvaluator`` where a one-device evald holds an Evaluator:
+building it and evaluating a checkpoint are commands to the whole group. Every rank (rank 0
+too) keeps a local Evaluator for its ``part``: every ``size``-th batch of the fixed subset and
+a slice of the generation prompts. The answer is one collective that carries each rank's
+status and its rows of full-size arrays; rank 0 computes the metrics from exactly the
+per-sample values a single device would have produced (``Evaluator.metrics_of``).
+
+The other ranks run ``follow``: they wait for rank 0's commands and answer them, and
+never touch the ledger, TensorBoard or the sockets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from evald.files.recognise import CheckpointDeleted, CheckpointError
+from evald.contracts.wire import FactorySpec
+from evald.pipeline.group_protocol import BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, OK, OP_NAMES, Group
+from evald.pipeline.network import EvalResult, Evaluator, PartResult
+from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
+
+log = logging.getLogger("evald.group")
+
+
+def build_spec(*, task: str, model: FactorySpec, data: FactorySpec, subset_size: int, subset_seed: int,
+               batch_size: int, generation: Any, verify_swap: str = "sampled",
+               config_identity: Mapping[str, Any] | None = None) -> dict:
+    """What every rank needs to build the same evaluation network (a JSON-able BUILD payload)."""
+    def factory(spec: FactorySpec) -> dict:
+        return {"target": spec.target, "kwargs": dict(spec.kwargs), "search_path": spec.search_path}
+    return {"task": task, "model": factory(model), "data": factory(data), "subset_size": subset_size,
+            "subset_seed": subset_seed, "batch_size": batch_size,
+            "generation": dataclasses.asdict(generation) if generation is not None else None,
+            "verify_swap": verify_swap, "config_identity": dict(config_identity or {})}
+
+
+def build_local(spec: Mapping[str, Any], part: tuple[int, int]) -> Evaluator:
+    """This rank's Evaluator for ``part`` (rank, size) of the work described by ``spec``."""
+    generation = None
+    options = spec.get("generation")
+    if spec["task"] == "lm" and options and options["prompts"] > 0:
+        from evald.pipeline.tasks.generation import SampleGenerator
+
+        generation = SampleGenerator(**options)
+    return Evaluator(task=spec["task"], model=FactorySpec(**spec["model"]), data=FactorySpec(**spec["data"]),
+                     subset_size=spec["subset_size"], subset_seed=spec["subset_seed"],
+                     batch_size=spec["batch_size"], generation=generation, part=part,
+                     verify_swap=spec["verify_swap"], config_identity=spec["config_identity"])
+
+
+def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: str, should_abort: ShouldAbort
+                  ) -> tuple[list[tuple[int, str]], dict, PartResult | None, Exception | None]:
+    """Evaluate this rank's part and exchange answers: (statuses, whole arrays, own part, own error)."""
+    code, text, part, error = OK, "", None, None
+    try:
+        if evaluator is None:
+            raise RuntimeError("this rank has no evaluation network (its build failed)")
+        part = evaluator.evaluate_part(Path(path), kind, should_abort)
+    except EvaluationInterrupted:
+        raise  # a forced shutdown: no answer; msrun ends the other ranks
+    except Exception as exc:  # noqa: BLE001 - every rank must answer, whatever happened to it
+        code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
+        text, error = str(exc) if code != ERROR else repr(exc), exc
+        if code == ERROR:
+            log.exception("rank %d: evaluating %s raised unexpectedly", group.rank, path)
+    layout = evaluator.layout if evaluator is not None else {}
+    statuses, combined = group.answer(code, text, part.arrays if part is not None else None, layout)
+    return statuses, combined, part, error
+
+
+class GroupEvaluator:
+    """Rank 0's stand-in for an Evaluator: the same ``subset`` and ``evaluate``, done by the whole group."""
+
+    def __init__(self, group: Group, **spec_args: Any) -> None:
+        self.group = group
+        spec = build_spec(**spec_args)
+        group.command(BUILD, spec)
+        self.local: Evaluator | None = None
+        code, text, error = OK, "", None
+        try:
+            self.local = build_local(spec, (group.rank, group.size))
+        except Exception as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
+            code, text, error = ERROR, f"{type(exc).__name__}: {exc}", exc
+        statuses, _ = group.answer(code, text)
+        if error is not None:
+            raise error
+        failed = [f"rank {rank}: {text}" for rank, (code, text) in enumerate(statuses) if code != OK]
+        if failed:
+            raise RuntimeError(f"the eval group could not build the network on every rank ({'; '.join(failed)})")
+        self.subset = self.local.subset  # type: ignore[union-attr]
+        log.info("eval group of %d ranks ready: rank 0 evaluates %d of %d batches", group.size,
+                 len(self.local.part_batches), len(self.local.batches))  # type: ignore[union-attr]
+
+    def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> EvalResult:
+        """Every rank evaluates its part of ``path``; a bad checkpoint on rank 0 fails as on one device,
+        a failure only on another rank is unexpected (it says nothing certain about the file): retried."""
+        started = time.time()
+        self.group.command(EVALUATE, {"path": str(path), "kind": kind})
+        statuses, arrays, part, error = evaluate_part(self.local, self.group, str(path), kind, should_abort)
+        if error is not None:
+            raise error
+        others = [f"rank {rank}: {text}" for rank, (code, text) in enumerate(statuses) if code != OK]
+        if others:
+            raise RuntimeError(f"the other eval ranks could not evaluate {path.name} ({'; '.join(others)})")
+        metrics, texts = self.local.metrics_of(arrays)  # type: ignore[union-attr]
+        if part is None:  # cannot happen: no error means rank 0 evaluated its part
+            raise RuntimeError(f"rank 0 returned no part of {path.name} and no error")
+        evaluate_s = time.time() - started - part.load_s - part.verify_s
+        return EvalResult(metrics, texts, part.load_s, evaluate_s, part.verify_s, part.provenance)
+
+
+def follow(group: Group) -> int:
+    """The loop of every rank but 0: answer rank 0's commands until it says EXIT."""
+    evaluator: Evaluator | None = None
+    while True:
+        op, payload = group.receive()
+        if op == EXIT:
+            log.info("rank %d: rank 0 ended the group", group.rank)
+            return 0
+        if op == BUILD:
+            evaluator, code, text = None, OK, ""
+            try:
+                evaluator = build_local(payload, (group.rank, group.size))  # type: ignore[arg-type]
+            except Exception as exc:  # noqa: BLE001 - rank 0 waits for this answer
+                log.exception("rank %d: building the evaluation network failed", group.rank)
+                code, text = ERROR, f"{type(exc).__name__}: {exc}"
+            group.answer(code, text)
+        elif op == EVALUATE:
+            assert payload is not None
+            statuses, _, part, _ = evaluate_part(evaluator, group, payload["path"], payload["kind"], never)
+            code, text = statuses[group.rank]
+            log.info("rank %d: evaluated my part of %s (load %.3fs): %s", group.rank, Path(payload["path"]).name,
+                     part.load_s if part is not None else 0.0, "ok" if code == OK else text)
+        elif op not in OP_NAMES:
+            raise AssertionError(op)

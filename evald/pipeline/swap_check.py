@@ -1,0 +1,257 @@
+"""Proof of a hot swap: after the swap, the network's parameters hold exactly the checkpoint's weights.
+
+The read already verified each file against the manifest's sha256 as its bytes went into the
+parameters' memory (evald.pipeline.hot_swap). What that cannot see is anything after or around the read:
+a parameter that was not written (left from the previous checkpoint), a name mapped to the wrong
+parameter, a ``set_data`` that did not take, a conversion that went wrong. So the live parameter
+memory (``Parameter.asnumpy()``, fetched afresh) is compared with the checkpoint itself:
+
+* ``sampled`` (default): in every parameter, ``WINDOWS`` windows of ``WINDOW`` contiguous
+  elements (always the first and the last element, the rest at positions seeded by the step and
+  the name) are compared with the same elements read back from the file (``os.pread``); a few
+  kilobytes per parameter, whatever the model's size;
+* ``full``: every file's sha256 is recomputed over its header and the live memory of its
+  tensors, in file order, and compared with the manifest's digest: the network holds exactly
+  the bytes the trainer committed. Costs one hash pass over the weights (bench/swap_check.py);
+* ``off``.
+
+A partitioned step (evald.files.parts) is checked part by part: each part's files against the
+live memory of the regions of the parameters that part holds.
+
+A foreign file (MindSpore's own checkpoints) has no manifest: its weights as MindSpore loaded
+them are compared with the live memory (sampled: the same windows; full: every element).
+A parameter converted to the network's dtype is compared after the same conversion. A mismatch
+raises SwapMismatch, which evald treats as its own unexpected error (the step is retried, never
+blamed on the checkpoint) and the network is marked invalid until a later swap succeeds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from evald.contracts import layout
+from evald.contracts import safetensors_io as sio
+
+MODES = ("off", "sampled", "full")
+WINDOWS, WINDOW = 4, 8
+
+
+class SwapMismatch(RuntimeError):
+    """The network does not hold the checkpoint's weights after the swap: a bug, not a bad checkpoint."""
+
+
+@dataclass
+class SwapCheck:
+    mode: str
+    parameters: int = 0          # parameters compared
+    elements: int = 0            # elements compared one by one
+    hashed_bytes: int = 0        # bytes of live memory re-hashed (full)
+    unchecked: list[str] = field(default_factory=list)  # parameters with no host view of their memory
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        if self.mode == "off":
+            return "not checked (--tuning verify_swap off)"
+        what = (f"{self.hashed_bytes} bytes re-hashed against the manifest" if self.hashed_bytes
+                else f"{self.elements} sampled elements compared with the checkpoint")
+        rest = f"; {len(self.unchecked)} without a host view not checked" if self.unchecked else ""
+        return f"verified ({self.mode}): {self.parameters} parameters, {what}{rest}, {self.seconds * 1e3:.1f} ms"
+
+
+def check(params: Mapping[str, object], *, mode: str, step: int, step_dir: Path | None = None,
+          manifest: layout.Manifest | None = None, loaded: Mapping[str, np.ndarray] | None = None) -> SwapCheck:
+    """Compare the live memory of ``params`` (name -> mindspore Parameter) with the checkpoint:
+    ``step_dir`` + ``manifest`` for the evald layout, ``loaded`` (MindSpore's load) for a foreign file."""
+    started = time.perf_counter()
+    result = SwapCheck(mode)
+    if mode == "off":
+        return result
+    live = {}
+    for name in (p.name for p in manifest.params) if manifest is not None else (loaded or {}):
+        view = _host_view(params.get(name))
+        if view is None:
+            result.unchecked.append(name)
+        else:
+            live[name] = view
+    if manifest is not None and mode == "full":
+        _full_against_manifest(live, step_dir, manifest, result)
+    elif manifest is not None:
+        _sampled_against_files(live, step_dir, manifest, step, result)
+    else:
+        _against_loaded(live, loaded or {}, mode, step, result)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+@dataclass(frozen=True)
+class PartsRead:
+    """The parts one partitioned step was read from: (part directory, its manifest) each."""
+
+    members: tuple[tuple[Path, layout.Manifest], ...]
+
+
+def check_parts(params: Mapping[str, object], *, mode: str, step: int, parts: PartsRead) -> SwapCheck:
+    """``check`` for a partitioned step: each part against the live regions of the parameters it holds."""
+    started = time.perf_counter()
+    result = SwapCheck(mode)
+    if mode == "off":
+        return result
+    for step_dir, manifest in parts.members:
+        live = {}
+        for p in manifest.params:
+            view = _host_view(params.get(p.name))
+            if view is None:
+                result.unchecked.append(p.name)
+            else:
+                region = p.sliced.region if p.sliced is not None else ()
+                live[p.name] = view[tuple(slice(a, b) for a, b in region)]
+        if mode == "full":
+            _full_against_manifest(live, step_dir, manifest, result)
+        else:
+            _sampled_against_files(live, step_dir, manifest, step, result)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def parts_digest(parts: PartsRead) -> tuple[str, str]:
+    """``weights_digest`` of a partitioned step: over every part's verified file digests, in part order."""
+    listing = "\n".join(f"{path.name}/{f.name} {m.hash_algorithm}:{f.digest}" for path, m in parts.members
+                        for f in m.files)
+    return hashlib.sha256(listing.encode()).hexdigest(), "sha256 of every part's verified file digests"
+
+
+def _host_view(param) -> np.ndarray | None:
+    try:
+        view = param.asnumpy()  # type: ignore[union-attr]
+    except Exception:  # bfloat16 or device memory: no host view to compare
+        return None
+    return view if isinstance(view, np.ndarray) else None
+
+
+def _sampled_against_files(live, step_dir, manifest, step, result) -> None:
+    by_file: dict[str, list] = {}
+    for p in manifest.params:
+        by_file.setdefault(p.file, []).append(p)
+    segments = {}
+    for name, params in by_file.items():
+        if any(p.offset is None for p in params):  # layout version 1: offsets from the header
+            segments.update({seg.name: seg.offset for seg in _header_segments(step_dir / name)})
+        fd = os.open(step_dir / name, os.O_RDONLY)
+        try:
+            for p in params:
+                if p.name not in live:
+                    continue
+                offset = p.offset if p.offset is not None else segments[p.name]
+                dtype = sio.numpy_dtype(p.dtype)
+                flat = live[p.name].reshape(-1)
+                for start in _windows(flat.size, step, p.name):
+                    count = min(WINDOW, flat.size - start)
+                    raw = os.pread(fd, count * dtype.itemsize, offset + start * dtype.itemsize)
+                    expected = np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
+                    _compare(p.name, flat[start:start + count], expected, start, f"{name} at byte {offset}")
+                    result.elements += count
+                result.parameters += 1
+        finally:
+            os.close(fd)
+
+
+def _full_against_manifest(live, step_dir, manifest, result) -> None:
+    for spec in manifest.files:
+        path = step_dir / spec.name
+        offsets = {p.name: p.offset for p in manifest.params if p.file == spec.name}
+        if None in offsets.values():  # layout version 1: the header has the offsets
+            offsets = {s.name: s.offset for s in _header_segments(path)}
+        params = sorted((p for p in manifest.params if p.file == spec.name), key=lambda p: offsets[p.name])
+        hasher = sio.HASHES[manifest.hash_algorithm]()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            hasher.update(os.pread(fd, min(offsets.values(), default=spec.bytes), 0))  # length prefix + header
+            for p in params:
+                view, dtype = live.get(p.name), sio.numpy_dtype(p.dtype)
+                if view is not None and view.dtype == dtype:
+                    hasher.update(memoryview(np.ascontiguousarray(view)).cast("B"))
+                    result.hashed_bytes += view.nbytes
+                else:  # converted to the network's dtype, or no host view: hash the file's own bytes
+                    raw = os.pread(fd, int(np.prod(p.shape)) * dtype.itemsize, offsets[p.name])
+                    if view is not None:
+                        _compare(p.name, view.reshape(-1), np.frombuffer(raw, dtype.newbyteorder("<")), 0, spec.name)
+                        result.elements += view.size
+                    hasher.update(raw)
+                result.parameters += view is not None
+        finally:
+            os.close(fd)
+        if hasher.hexdigest() != spec.digest:
+            raise SwapMismatch(f"after the swap, the live memory of the parameters in {step_dir.name}/{spec.name} does "
+                               f"not hash to the manifest's {manifest.hash_algorithm} {spec.digest[:16]}…: the network "
+                               f"does not hold the checkpoint's weights")
+
+
+def _against_loaded(live, loaded, mode, step, result) -> None:
+    for name, view in live.items():
+        source = np.asarray(loaded[name]).reshape(-1)
+        flat = view.reshape(-1)
+        if mode == "full":
+            _compare(name, flat, source, 0, "MindSpore's load of the file")
+            result.elements += flat.size
+        else:
+            for start in _windows(flat.size, step, name):
+                _compare(name, flat[start:start + WINDOW], source[start:start + WINDOW], start,
+                         "MindSpore's load of the file")
+                result.elements += min(WINDOW, flat.size - start)
+        result.parameters += 1
+
+
+def _windows(size: int, step: int, name: str) -> list[int]:
+    """Start positions: the first and last element's windows, the others spread by a hash of step and name."""
+    if size <= WINDOWS * WINDOW:
+        return list(range(0, size, WINDOW))
+    seed, span = zlib.crc32(f"{step}:{name}".encode()), size - 3 * WINDOW
+    middle = (WINDOW + (seed * 2654435761 * (i + 1)) % span for i in range(WINDOWS - 2))  # Knuth's multiplier
+    return sorted({0, size - WINDOW, *middle})
+
+
+def _compare(name: str, live: np.ndarray, expected: np.ndarray, start: int, where: str) -> None:
+    """Bit for bit, after converting ``expected`` to the live dtype as the swap would have."""
+    expected = expected.astype(live.dtype) if expected.dtype != live.dtype else expected
+    if live.size == expected.size and live.size <= 1024 and live.tobytes() == expected.tobytes():
+        return  # the usual case, a window: cheaper than anything below
+    a = np.ascontiguousarray(live).view(np.uint8).reshape(live.size, -1)
+    b = np.ascontiguousarray(expected).view(np.uint8).reshape(expected.size, -1)
+    if a.shape == b.shape and np.array_equal(a, b):
+        return
+    bad = int(np.flatnonzero((a != b).any(axis=1))[0]) if a.shape == b.shape else 0
+    raise SwapMismatch(f"after the swap, parameter {name!r} holds {live.reshape(-1)[bad]!r} at element {start + bad} "
+                       f"where the checkpoint ({where}) has {expected.reshape(-1)[bad]!r}: the network does not hold "
+                       f"the checkpoint's weights")
+
+
+def _header_segments(path: Path) -> list[sio.Segment]:
+    """Segments of a version-1 weights file, from its safetensors header (no offsets in its manifest)."""
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        header = f.read(int.from_bytes(prefix, "little"))
+    entries = json.loads(header)
+    return [sio.Segment(n, "", (), 8 + len(header) + int(e["data_offsets"][0]))
+            for n, e in entries.items() if n != "__metadata__"]
+
+
+def weights_digest(manifest: layout.Manifest | None, loaded: Mapping[str, np.ndarray] | None) -> tuple[str, str]:
+    """(digest, what it is a digest of) identifying the weights that were evaluated."""
+    if manifest is not None:
+        listing = "\n".join(f"{f.name} {manifest.hash_algorithm}:{f.digest}" for f in manifest.files)
+        return hashlib.sha256(listing.encode()).hexdigest(), "sha256 of the manifest's verified file digests"
+    hasher = hashlib.sha256()
+    for name in sorted(loaded or {}):
+        array = np.ascontiguousarray(loaded[name])  # type: ignore[index]
+        hasher.update(f"{name} {array.dtype.str} {array.shape}\n".encode())
+        hasher.update(memoryview(array).cast("B"))
+    return hasher.hexdigest(), "sha256 of the parameters as MindSpore loaded them (name, dtype, shape, bytes)"

@@ -1,0 +1,149 @@
+"""Sampled-output quality for language models, generated in Graph mode with fixed shapes.
+
+The prompts are the first ``prompt_len`` tokens of the first ``prompts``
+samples of the fixed validation subset, so they are the same at every
+evaluation. Generation runs the network on a fixed (prompts, prompt_len +
+new_tokens) buffer and reads the logits at the current position (a gather with
+a tensor index), so neither a new token nor a new checkpoint recompiles
+anything. No KV cache: for sample-quality probes of a few dozen tokens the
+simplicity is worth more than the speed. Two continuations per prompt: greedy,
+and seeded top-k/top-p sampling (same seed every evaluation, one generator per
+prompt, so differences between checkpoints come from the weights, not the dice,
+and a prompt's sample does not depend on which eval rank continued it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mindspore import nn, ops
+
+from evald.pipeline.metrics.sample_quality import sample_quality_report
+from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
+
+
+class NextTokenLogits(nn.Cell):
+    def __init__(self, network: nn.Cell) -> None:
+        super().__init__()
+        self.network = network
+
+    def construct(self, tokens, position):
+        logits = self.network(tokens)                       # (P, L, V)
+        return ops.gather(logits, position, 1).squeeze(1)   # (P, V) at `position`
+
+
+class SampleGenerator:
+    def __init__(self, *, prompts: int = 4, prompt_len: int = 32, new_tokens: int = 32, top_k: int = 8,
+                 top_p: float = 0.95, seed: int = 7, samples_in_tensorboard: int = 2) -> None:
+        self.num_prompts = prompts
+        self.prompt_len = prompt_len
+        self.new_tokens = new_tokens
+        self.top_k = top_k
+        self.top_p = top_p
+        self.seed = seed
+        self.samples_in_tensorboard = samples_in_tensorboard
+        self.cell: NextTokenLogits | None = None
+        self.prompts: np.ndarray | None = None      # this rank's buffer rows (padded to the common count)
+        self.all_prompts: np.ndarray | None = None  # every prompt, for the report
+        self.local_rows = np.zeros(0, int)          # which prompts this rank continues
+        self.vocab: int | None = None
+
+    def prepare(self, network: nn.Cell, dataset: Any, indices: np.ndarray, part: tuple[int, int] = (0, 1)) -> None:
+        """The prompts; with ``part`` (rank, size), this rank continues only its slice of them."""
+        rows = [np.asarray(dataset[int(i)]).reshape(-1) for i in indices[: self.num_prompts]]
+        too_short = [len(r) for r in rows if len(r) < self.prompt_len]
+        if too_short:
+            raise ValueError(f"generation prompts need {self.prompt_len} tokens but samples have {too_short}; "
+                             f"lower --generation-prompt-len")
+        self.all_prompts = np.stack([r[: self.prompt_len] for r in rows]).astype(np.int32)
+        rank, size = part
+        chunk = -(-len(self.all_prompts) // size)   # every rank's buffer has this many rows: one compile
+        self.local_rows = np.arange(rank * chunk, min(len(self.all_prompts), (rank + 1) * chunk))
+        local = self.all_prompts[self.local_rows]
+        if 0 < len(local) < chunk:
+            local = np.concatenate([local, np.repeat(local[:1], chunk - len(local), axis=0)])
+        self.prompts = local
+        self.cell = NextTokenLogits(network)
+        self.cell.set_train(False)
+
+    def layout(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """The full-size arrays ``outputs`` fills (rows: all prompts), for an eval group's answer."""
+        count = len(self.all_prompts)
+        return {"greedy": ((count, self.new_tokens), np.dtype(np.int64)),
+                "sampled": ((count, self.new_tokens), np.dtype(np.int64)), "finite": ((count,), np.dtype(np.float64))}
+
+    def run(self, should_abort: ShouldAbort = never) -> tuple[dict[str, float], dict[str, str]]:
+        return self.report(self.outputs(should_abort))
+
+    def outputs(self, should_abort: ShouldAbort = never) -> dict[str, np.ndarray]:
+        """For this rank's prompts: greedy and sampled continuations, and whether the logits stayed finite.
+
+        Each prompt samples with its own generator, seeded by (seed, prompt index), so a prompt's
+        continuation does not depend on which rank, or which row of the buffer, continues it.
+        """
+        import mindspore as ms
+
+        assert self.cell is not None and self.prompts is not None
+        count = len(self.local_rows)
+        out = {"greedy": np.zeros((count, self.new_tokens), np.int64),
+               "sampled": np.zeros((count, self.new_tokens), np.int64), "finite": np.ones(count)}
+        if count == 0:
+            return out
+        for mode in ("greedy", "sampled"):
+            rngs = [np.random.default_rng([self.seed, int(i)]) for i in self.local_rows]
+            rows, prompt_len = self.prompts.shape
+            buffer = np.zeros((rows, prompt_len + self.new_tokens), dtype=np.int32)
+            buffer[:, :prompt_len] = self.prompts
+            for position in range(prompt_len, prompt_len + self.new_tokens):
+                if should_abort():
+                    raise EvaluationInterrupted()
+                logits = self.cell(ms.Tensor(buffer), ms.Tensor(np.array([position - 1], np.int32)))
+                logits = logits.asnumpy().astype(np.float64)
+                self.vocab = logits.shape[-1]
+                if not np.isfinite(logits).all():
+                    out["finite"][:] = 0.0  # non-finite weights: no continuation to judge
+                    return out
+                chosen = logits.argmax(-1)
+                if mode == "sampled":
+                    chosen[:count] = [self._sample(row, rng) for row, rng in zip(logits[:count], rngs)]
+                buffer[:, position] = chosen
+            out[mode] = buffer[:count, prompt_len:].astype(np.int64)
+        return out
+
+    def report(self, outputs: dict[str, np.ndarray]) -> tuple[dict[str, float], dict[str, str]]:
+        """Sample-quality metrics and texts over all prompts' continuations."""
+        if not outputs["finite"].all():
+            # Non-finite weights: no continuation to judge. The loss already says why.
+            return self._nonfinite_report(), {f"sample/{m}": "(non-finite logits: no sample)"
+                                              for m in ("greedy", "sampled")}
+        metrics: dict[str, float] = {}
+        texts: dict[str, str] = {}
+        for mode in ("greedy", "sampled"):
+            continuations = outputs[mode]
+            report = sample_quality_report(list(self.all_prompts), list(continuations), self.vocab)
+            metrics.update({f"sample/{mode}/{k}": v for k, v in report.items()})
+            shown = [self._render(p, c, self.vocab) for p, c in
+                     zip(self.all_prompts[: self.samples_in_tensorboard], continuations)]
+            texts[f"sample/{mode}"] = "\n\n".join(shown)
+        return metrics, texts
+
+    @staticmethod
+    def _nonfinite_report() -> dict[str, float]:
+        keys = sample_quality_report([[0, 1]], [[0, 1]], 2)
+        return {f"sample/{mode}/{k}": float("nan") for mode in ("greedy", "sampled") for k in keys}
+
+    def _sample(self, logits: np.ndarray, rng: np.random.Generator) -> int:
+        order = np.argsort(-logits)[: max(1, self.top_k)]
+        top = logits[order] - logits[order].max()
+        probs = np.exp(top) / np.exp(top).sum()
+        keep = np.searchsorted(np.cumsum(probs), self.top_p) + 1
+        probs = probs[:keep] / probs[:keep].sum()
+        return int(order[rng.choice(len(probs), p=probs)])
+
+    @staticmethod
+    def _render(prompt: np.ndarray, continuation: np.ndarray, vocab: int | None) -> str:
+        if vocab == 256:  # byte-level: show the text
+            as_text = lambda t: bytes(int(x) for x in t).decode("utf-8", "replace")  # noqa: E731
+            return f"    {as_text(prompt)!r}\n    -> {as_text(continuation)!r}"
+        return f"    {prompt.tolist()}\n    -> {continuation.tolist()}"

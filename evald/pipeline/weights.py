@@ -1,0 +1,164 @@
+"""Reading a checkpoint's weights into the network, and fitting names to the network's.
+
+evald-layout checkpoints are verified against their manifest (sizes, hash) as they are
+read (evald.contracts.layout, evald.pipeline.hot_swap); foreign files are read with MindSpore's own
+loader. Every problem is a CheckpointError whose message is recorded in the ledger.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+
+from evald.contracts import layout
+from evald.contracts.partition import parse_group_name, part_dir_name
+from evald.files.confine import confined
+from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointUnreadable
+from evald.files.foreign import load_foreign
+from evald.files.parts import fit_problem
+from evald.files.recognise import FOREIGN_KINDS, PARTS
+from evald.pipeline import name_fit
+from evald.pipeline.hot_swap import NetworkMismatch, NetworkWeights
+from evald.pipeline.slice_merge import merge_slices
+from evald.pipeline.swap_check import PartsRead
+
+
+def load_into(weights: NetworkWeights, path: Path, kind: str
+              ) -> layout.Manifest | dict[str, np.ndarray] | PartsRead:
+    """Swap the checkpoint at ``path`` into the network; CheckpointError says what is wrong with it.
+
+    evald-layout: the fit is checked from the manifest before a byte is read, then every file is
+    read once, verified as it is read, straight into the parameters' memory where it can be.
+    Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
+    Parts of a partitioned snapshot (``path`` names them all): ``load_parts``.
+    Returns what the swap can be checked against (evald.pipeline.swap_check): the manifest, the parts,
+    or the foreign file's weights as MindSpore loaded them.
+    """
+    if kind == PARTS:
+        return load_parts(weights, path.parent, path.name)
+    if not path.exists():
+        raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
+    if kind in FOREIGN_KINDS:
+        try:
+            arrays = load_foreign(path, network_bytes=network_bytes(weights.specs))
+        except CheckpointUnreadable as exc:  # readable when found (evald.intake.intake checks), not any more
+            raise CheckpointUnreadable(f"{exc}. It could be read when evald found it: fix the permission, "
+                                       f"then put the step back in the queue") from exc
+        loaded = match_names(arrays, weights.specs, strict=False)
+        weights.assign(loaded)
+        return loaded
+    try:
+        with confined(path.parent, path.name, directory=True):  # never read through a link out of the directory
+            manifest = layout.read_manifest(path)
+            weights.load(path, manifest, strict=True)
+        return manifest
+    except (layout.LayoutError, NetworkMismatch) as exc:
+        if not path.exists():
+            raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated") from exc
+        raise CheckpointError(str(exc)) from exc
+
+
+def network_bytes(specs: Mapping[str, tuple]) -> int:
+    """Bytes of the network's weights (``{name: (shape, numpy dtype or None)}``; None counts 4 a value)."""
+    return sum(int(np.prod(shape, dtype=np.int64)) * (dtype.itemsize if dtype is not None else 4)
+               for shape, dtype in specs.values())
+
+
+def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple], *, strict: bool
+                ) -> dict[str, np.ndarray]:
+    """Map checkpoint entries onto the network's parameter names, or raise naming every problem.
+
+    ``expected`` is ``{name: (shape, dtype)}``. Names match exactly or through a prefix
+    common to every name on one side (evald.pipeline.name_fit): the checkpoint's (``model.w``
+    under a train cell; never an optimizer moment such as ``adam_m.model.w``) or the
+    network's (``net.w`` when the model factory wraps the model). With ``strict``
+    (evald layout) every entry must match; otherwise (foreign files, which hold
+    optimizer state too) the others are dropped.
+    """
+    # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"), so
+    # "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry let the
+    # Adam second moments overwrite the real weight. name_fit picks ONE pair of prefixes for all names.
+    chosen = name_fit.fit(weights, expected).mapping
+    matched = {target: weights[name] for name, target in chosen.items()}
+    unexpected = sorted(set(weights) - set(chosen))
+    missing = sorted(set(expected) - set(matched))
+    mismatched = [f"{n}: checkpoint {tuple(a.shape)} vs network {tuple(expected[n][0])}"
+                  for n, a in matched.items() if tuple(a.shape) != tuple(expected[n][0])]
+    problems = []
+    if missing:
+        problems.append(f"missing parameters {_few(missing)}")
+    if strict and unexpected:
+        problems.append(f"unexpected parameters {_few(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatch {_few(mismatched)}")
+    if problems:
+        raise CheckpointError("checkpoint does not fit the evaluation network: " + "; ".join(problems)
+                              + f" ({name_fit.explain(weights, expected)})")
+    return matched
+
+
+def _few(items: list[str], limit: int = 8) -> str:
+    shown = ", ".join(items[:limit])
+    return f"[{shown}{', …' if len(items) > limit else ''}] ({len(items)})"
+
+
+def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead:
+    """Swap in the step the parts named by ``group`` make up; CheckpointError says what is wrong.
+    Returns the parts it read, for the swap check (evald.pipeline.swap_check)."""
+    step, count = parse_group_name(group) or (None, None)
+    if step is None or count is None:
+        raise CheckpointError(f"{group}: not the name of a partitioned step")
+    parts = []
+    for index in range(count):
+        path = Path(ckpt_dir) / part_dir_name(step, index, count)
+        if not os.path.lexists(path):
+            raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
+        try:
+            with confined(Path(ckpt_dir), path.name, directory=True):  # no link out of the directory
+                parts.append((path, layout.read_manifest(path)))
+        except layout.LayoutError as exc:
+            raise CheckpointError(str(exc)) from exc
+    problem = fit_problem([(p.name, m) for p, m in parts], complete=True)
+    if problem:
+        raise CheckpointError(f"step {step}: {problem}")
+    specs = {p.name: (p.sliced.global_shape if p.sliced else p.shape, np.dtype(p.dtype))
+             for _, m in parts for p in m.params}
+    try:
+        weights.check_fit(specs, complete=True, strict=True)
+    except NetworkMismatch as exc:
+        raise CheckpointError(f"the {count} parts of step {step} do not make up the evaluation network: "
+                              f"{str(exc).split(': ', 1)[1]}") from exc
+    views = weights.destinations() or {}
+    weights.valid = False
+    rest: dict[str, np.ndarray] = {}
+    sliced: dict[str, list] = {}
+    for path, manifest in parts:
+        into = {}
+        for p in manifest.params:
+            view = views.get(p.name)
+            if view is None or view.dtype != np.dtype(p.dtype):
+                continue
+            if p.sliced is None:
+                into[p.name] = view
+            elif p.sliced.layout is None:   # rows of the parameter: read straight into them
+                into[p.name] = view[p.sliced.region[0][0]:p.sliced.region[0][1]]
+        try:
+            with confined(Path(ckpt_dir), path.name, directory=True):
+                arrays = layout.read_checkpoint(path, manifest, into=into)
+        except layout.LayoutError as exc:
+            raise (CheckpointDeleted(str(exc)) if not path.exists() else CheckpointError(str(exc))) from exc
+        for p in manifest.params:
+            if p.name in into:
+                continue
+            if p.sliced is None:
+                rest[p.name] = arrays[p.name]
+            else:
+                sliced.setdefault(p.name, []).append((p.sliced, arrays[p.name]))
+    if sliced:
+        rest.update(merge_slices(sliced))
+    weights.assign(rest)
+    weights.valid = True
+    return PartsRead(tuple(parts))

@@ -1,1 +1,0 @@
-"""Where events come from: the notification socket (receiver) and the directory (discovery)."""
