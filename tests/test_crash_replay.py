@@ -1,9 +1,9 @@
 """A crash at every state change, in-process: nothing lost, nothing evaluated or written twice.
 
-evald's loop (evald.daemon.run.Run, the real ledger, intake, decisions and TensorBoard sink) is driven
-in this process. A crash is injected at the N-th durable write (each ledger transaction and each
-TensorBoard record), before it or just after it, for every N; then a fresh Run on the same files
-finishes the job, as a restarted evald would. The MindSpore evaluator is replaced by a stand-in
+evald's own loop (``Server.on_tick``, with the real run, ledger, intake, decisions and TensorBoard
+sink) is driven in this process. A crash is injected at the N-th durable write (each ledger
+transaction and each TensorBoard record), before it or just after it, for every N; then a fresh
+Server on the same files finishes the job, as a restarted evald would. The MindSpore evaluator is replaced by a stand-in
 that reads and verifies the real checkpoint files and reports the mean weight as the loss: this
 layer checks the bookkeeping in milliseconds; the real evaluator is exercised, with real kills,
 in tests/test_reliability.py.
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import queue
-from types import SimpleNamespace
+import os
 
 import numpy as np
 import pytest
@@ -24,12 +23,13 @@ from evald.contracts import layout, wire
 from evald.pipeline.network import EvalResult
 from evald.ledger.ledger import EVALUATED, Ledger
 from evald.pipeline.pipeline import Evaluated
-from evald.daemon.run import Run
+from evald.daemon.server import Server
 from evald.sinks.tensorboard import EventLog
 from evald.pipeline.subset import SubsetInfo
 from tests.harness import raw_scalar_steps
 
 STEPS = (10, 20, 30, 40, 50)
+RUN_NAME = "exp"
 LOSS = {step: 5.0 - step / 20 if step != 40 else 4.5 for step in STEPS}  # 40 is worse: patience counts
 
 
@@ -38,8 +38,10 @@ class Crash(BaseException):
 
 
 class StandInPipeline:
+    """Stands in for the MindSpore pipeline (evald.pipeline.pipeline.EvaluationPipeline)."""
+
     def __init__(self):
-        self.evaluator = SimpleNamespace(subset=SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0))
+        self.subset = SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0)
         self.blocked_reason = None
         self.evaluated: list[int] = []
 
@@ -97,23 +99,35 @@ def stage(tmp_path):
 
 
 def serve(ckpt, logdir, pipeline) -> None:
-    """What evald's server loop does with a Run, until the run is complete."""
-    config = dataclasses.replace(EvaldConfig(), lag_policy="all", patience=2)
-    logdir.mkdir(exist_ok=True)  # the server makes it (and locks it) before the Run
-    events: queue.Queue = queue.Queue()
-    run = Run(ResolvedConfig(config, {}), ckpt, logdir, control=None, receiver=None, events=events,
-              pipeline=pipeline)
+    """evald's server, startup and then its loop body ``on_tick``, until the run is complete."""
+    config = dataclasses.replace(EvaldConfig(), lag_policy="all", patience=2, ckpt_dir=str(ckpt),
+                                 logdir=str(logdir), run_name=RUN_NAME, endpoint="none")
+    server = Server(ResolvedConfig(config, {}), pipeline=pipeline)
+    umask = os.umask(0o022)
+    os.umask(umask)
     try:
-        for _ in range(100):
-            while not events.empty():
-                run.handle(*events.get())
-            run.tick()
-            if not run.work() and run.complete():
-                run.finish()
+        server.startup()
+        for _ in range(200):
+            if not server.on_tick():
+                assert server.run is not None and server.run.complete(), "the loop stopped before the run ended"
+                server.shutdown()
                 return
         raise AssertionError("the run never completed")
+    except BaseException:
+        die(server)
+        raise
     finally:
-        run.discovery.stop()  # a killed process's threads die with it; here they must be stopped
+        os.umask(umask)  # startup makes evald's state private (a umask): not this test process's
+
+
+def die(server: Server) -> None:
+    """What a SIGKILL leaves: no shutdown; the threads, files and locks go with the process."""
+    if server.run is not None:
+        server.run.discovery.stop()
+        server.run.ledger.close()
+        server.run.tensorboard.close()
+    for lock in server.locks:
+        lock.release()
 
 
 def test_the_crash_free_run_counts_its_writes(tmp_path, monkeypatch):
@@ -152,6 +166,7 @@ def test_a_crash_at_every_durable_write_loses_and_repeats_nothing(tmp_path_facto
 
 
 def check(logdir, crash: str = "no crash") -> None:
+    logdir = logdir / RUN_NAME   # the run directory
     ledger = Ledger(logdir / "ledger.sqlite")
     try:
         steps = ledger.steps()

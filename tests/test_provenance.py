@@ -40,7 +40,7 @@ def graph_mode():
 
 def evaluator(verify="sampled") -> Evaluator:
     return Evaluator(task="lm", model=MODEL, data=DATA, subset_size=24, subset_seed=3, batch_size=8,
-                     verify_swap=verify, config_identity=provenance.config_identity(*SPECS))
+                     verify_swap=verify, config_identity=provenance.EvaluationSpec(*SPECS).identity())
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_hot_swapped_evaluation_equals_a_cold_build_and_load_over_swaps_back_and
         digests.setdefault(name, set()).add(result.provenance["weights_sha256"])
     assert all(len(d) == 1 for d in digests.values()) and len({next(iter(d)) for d in digests.values()}) == 3
     assert result.provenance["subset_sha256"] == hot.subset.sha256
-    assert provenance.sha256_of(result.provenance["config"]) == provenance.sha256_of(provenance.config_identity(*SPECS))
+    assert provenance.sha256_of(result.provenance["config"]) == provenance.sha256_of(provenance.EvaluationSpec(*SPECS).identity())
 
 
 @pytest.mark.parametrize("mode", ["sampled", "full"])

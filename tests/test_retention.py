@@ -17,6 +17,7 @@ from evald.contracts.wire import ControlState, decode
 from evald.sinks.leases import Leases
 from evald.ledger.ledger import EVALUATED, FAILED, Ledger
 from evald.ledger.requeue import RETRY
+from tests.harness import wait_for
 from trainer_hooks.retention import Retention, Snapshot, plan
 
 WEIGHTS = {"w": np.zeros(256, np.float32)}
@@ -154,10 +155,12 @@ def test_the_hook_deletes_only_what_evald_released_and_skips_when_the_rest_fill_
     assert committed(ckpt) == [20, 30] and retention.skipped == 1 and retention.deleted == 1
     assert "steps 20, 30" in retention.last_skip_reason
     publisher.state = ControlState(run_id="r", seq=3, leases=(30,), released=(20,), best_step=None, lease_s=60.0)
-    time.sleep(0.3)
+    wait_for(lambda: retention.current().leases == (30,), 10, "the new leases to arrive")
     assert retention.make_room(50, 1024) and committed(ckpt) == [30]
+    ignored = retention._listener.ignored
     publisher.state = ControlState(run_id="other-run", seq=9, released=(30,), lease_s=60.0)  # not ours: ignored
-    time.sleep(0.3)
+    wait_for(lambda: retention.current() is not None and retention._listener.ignored > ignored, 10,
+             "the other run's state to arrive (and be ignored)")
     layout.write_checkpoint(ckpt, 50, WEIGHTS, run_id="r")
     assert not retention.make_room(60, 1024) and committed(ckpt) == [30, 50]
     retention.close()
@@ -187,8 +190,8 @@ def test_a_silent_evald_keeps_its_leases_for_lease_s_then_the_budget_decides(tmp
     until_heard(retention)
     publisher.stop()                                   # evald dies, or hangs
     assert not retention.make_room(40, 1024) and committed(ckpt) == [10, 20, 30]  # the lease still holds
-    time.sleep(1.5)                                     # longer than lease_s since it was last heard
-    assert retention.make_room(40, 1024)
+    # once lease_s has passed since evald was last heard, the budget decides
+    wait_for(lambda: retention.make_room(40, 1024), 10, "the leases to lapse")
     assert committed(ckpt) == [20, 30]                 # oldest first; the best (20) kept beside the budget
     retention.close()
 

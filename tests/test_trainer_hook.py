@@ -13,6 +13,7 @@ ms = pytest.importorskip("mindspore")
 from mindspore import nn  # noqa: E402
 
 from evald.contracts import layout  # noqa: E402
+from tests.harness import wait_for  # noqa: E402
 from trainer_hooks import EvaldHook  # noqa: E402
 from trainer_hooks.host_copy import host_copy_of_weights  # noqa: E402
 
@@ -151,7 +152,9 @@ def test_cleanup_keeps_the_newest_and_never_the_best(tmp_path, hook_env):
     publisher.state = ControlState(run_id="r", seq=0, best_step=1, released=(1, 2, 3, 4, 5), lease_s=60.0)
     try:
         hook = EvaldHook(ckpt, every_n_steps=1, network=net, keep_last=2, run_id="r", control_endpoint=endpoint)
-        time.sleep(1.0)  # the writer's subscriber joins (a PUB drops what it sends before a SUB joins)
+        # A PUB drops what it sends before a SUB joins: wait until the writer's subscriber has evald's state.
+        # The writer thread is idle until the first step_end, so its socket is used by one thread at a time.
+        wait_for(lambda: hook.writer.retention.current() is not None, 10, "evald's state at the writer")
         for step in range(1, 6):
             hook.step_end(step)
             _wait_idle(hook)  # one write at a time: a snapshot due while writing would be skipped

@@ -21,6 +21,7 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -45,6 +46,29 @@ from trainer_hooks.stop_agreement import ReduceSum
 from trainer_hooks.telemetry import Telemetry, to_float
 
 log = logging.getLogger("trainer_hooks")
+
+
+Scalar = Any   # a Python number, a numpy scalar or a 0-d MindSpore Tensor: telemetry turns each into a float
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one ``step_end`` call told the hook (the arguments, named once, for the methods behind it)."""
+
+    step: int
+    network: Any                    # the mindspore.nn.Cell whose weights are snapshot
+    optimizer: Any                  # its optimizer (for the learning rate), or None
+    epoch: int | None = None
+    loss: Scalar = None
+    lr: Scalar = None
+    grad_norm: Scalar = None
+    loss_scale: Scalar = None
+    overflow: Scalar = None
+    samples: int | None = None
+    tokens: int | None = None
+    extra_scalars: Mapping[str, Scalar] | None = None
+    data_offset: int | None = None
+    seed: int | None = None
 
 class EvaldHook:
     """The trainer side of evald for any training loop: snapshot, notify, report, obey a stop.
@@ -205,9 +229,10 @@ class EvaldHook:
                  data_offset: int | None = None, seed: int | None = None) -> bool:
         """Call after every optimizer step. Returns True when training must stop now."""
         try:
-            self._step_end(step, network or self.network, optimizer or self.optimizer, epoch,
-                           loss, lr, grad_norm, loss_scale, overflow, samples, tokens,
-                           extra_scalars, data_offset, seed)
+            self._step_end(StepReport(step, network or self.network, optimizer or self.optimizer, epoch=epoch,
+                                      loss=loss, lr=lr, grad_norm=grad_norm, loss_scale=loss_scale,
+                                      overflow=overflow, samples=samples, tokens=tokens,
+                                      extra_scalars=extra_scalars, data_offset=data_offset, seed=seed))
         except Exception:
             self._errors += 1
             log.exception("evald hook error at step %d (ignored; training continues)", step)
@@ -216,22 +241,23 @@ class EvaldHook:
         # out of step (a hang, or a spurious agreed stop).
         return self.control.should_stop(step) if self.control is not None else False
 
-    def _step_end(self, step, network, optimizer, epoch, loss, lr, grad_norm, loss_scale,
-                  overflow, samples, tokens, extra_scalars, data_offset, seed) -> None:
-        scalars = {"loss": loss, "learning_rate": lr, "grad_norm": grad_norm,
-                   "loss_scale": loss_scale, "overflow": overflow, **(extra_scalars or {})}
+    def _step_end(self, report: StepReport) -> None:
+        scalars = {"loss": report.loss, "learning_rate": report.lr, "grad_norm": report.grad_norm,
+                   "loss_scale": report.loss_scale, "overflow": report.overflow, **(report.extra_scalars or {})}
         if self.notifier is not None and self.is_lead:
-            batch = self.telemetry.record(step, {k: v for k, v in scalars.items() if v is not None},
-                                          samples=samples, tokens=tokens)
+            batch = self.telemetry.record(report.step, {k: v for k, v in scalars.items() if v is not None},
+                                          samples=report.samples, tokens=report.tokens)
             if batch:
                 self.notifier.send(TrainMetrics(run_id=self.run_id, records=tuple(batch)))
-        if self.writer is not None and network is not None and step % self.every_n_steps == 0:
-            self._snapshot(step, network, optimizer, epoch, lr, loss_scale, seed, data_offset)
+        if self.writer is not None and report.network is not None and report.step % self.every_n_steps == 0:
+            self._snapshot(report)
 
-    def _snapshot(self, step, network, optimizer, epoch, lr, loss_scale, seed, data_offset) -> None:
-        resume = layout.ResumeInfo(learning_rate=to_float(lr), loss_scale=to_float(loss_scale), seed=seed,
-                                   data_offset=data_offset)
-        if self.writer.try_snapshot(step, network, optimizer, epoch=epoch, resume=resume):  # type: ignore[union-attr]
+    def _snapshot(self, report: StepReport) -> None:
+        step = report.step
+        resume = layout.ResumeInfo(learning_rate=to_float(report.lr), loss_scale=to_float(report.loss_scale),
+                                   seed=report.seed, data_offset=report.data_offset)
+        if self.writer.try_snapshot(step, report.network, report.optimizer,  # type: ignore[union-attr]
+                                    epoch=report.epoch, resume=resume):
             self.snapshots_taken += 1
         else:
             log.warning("snapshot at step %d skipped: the previous one is still being written (%d skipped so "

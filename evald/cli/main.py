@@ -80,7 +80,27 @@ def parse_config(argv: Sequence[str], environ: dict | None = None) -> ResolvedCo
     toml_path = args.pop("config")
     layers = [toml_layer(toml_path)] if toml_path else []
     layers += [environment_layer(environ), command_line_layer(args)]
-    return resolve(layers)
+    resolved = resolve(layers)
+    check_monitor(resolved)
+    return resolved
+
+
+def check_monitor(resolved: ResolvedConfig) -> None:
+    """Lightning's rule: a monitored metric that nothing will report is an error now, not a silent
+    "never improves" later. The task may still come from the trainer's announcement: then any task's
+    metric is accepted."""
+    from evald.pipeline.metrics.plugins import plugin_name
+    from evald.pipeline.tasks import TASKS, metric_names
+
+    config = resolved.config
+    tasks = [config.task] if config.task else list(TASKS)
+    plugins = [plugin_name(spec) for spec in config.metric_plugins]
+    known = set().union(*(metric_names(task, plugins, config.generation.prompts > 0) for task in tasks))
+    if config.monitor not in known:
+        shown = ", ".join(sorted(name for name in known if not name.startswith("sample/")))
+        raise ConfigError("--monitor", repr(config.monitor),
+                          f"no evaluation configured here reports it (task {config.task or 'from the trainer'}); "
+                          f"the known metrics are {shown}, and sample/greedy/* or sample/sampled/* with generation")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -29,12 +29,12 @@ from evald.config import ConfigError, ResolvedConfig, with_announcement
 from evald.contracts import layout
 from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
 from evald.decisions.decisions import Decisions
-from evald.ledger.disk_full import retry
+from evald.ledger.disk_full import DiskWait
 from evald.intake.intake import Intake
 from evald.sinks.leases import Leases
 from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.files.mindformers import entry_name
-from evald.pipeline.pipeline import Pipeline
+from evald.pipeline.pipeline import EvaluationPipeline
 from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
 from evald.daemon.run_dir import LEDGER_FILE
 from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
@@ -54,12 +54,14 @@ BLOCKED_REMINDER_S = 60.0
 
 class Run:
     def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, run_dir: Path, *, control: Any, receiver: Any,
-                 events: "queue.Queue[tuple[str, Any]]", pipeline: Pipeline) -> None:
+                 events: "queue.Queue[tuple[str, Any]]", pipeline: EvaluationPipeline,
+                 disk: DiskWait | None = None) -> None:
         self.operator = resolved              # what the operator configured
         self.resolved = resolved              # ... merged with the trainer's announcement
         self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
         self.counters = evaluation.Counters()
-        self.ledger = Ledger(run_dir / LEDGER_FILE)
+        self.disk = disk or DiskWait()
+        self.ledger = Ledger(run_dir / LEDGER_FILE, self.disk)
         self.ledger.recover_interrupted(self.config.tuning.max_attempts)
         self.decisions = Decisions(self.config)
         self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
@@ -207,13 +209,14 @@ class Run:
 
     def prepare(self) -> bool:
         """Build the evaluation network if its factories are known; False while it cannot be."""
-        was_ready = self.pipeline.evaluator is not None
+        was_ready = self.pipeline.subset is not None
         ready = self.pipeline.ensure_built(self.config)
         if ready:
             requeue_if_config_changed(self.ledger, self.config, network_known=True)
-        if ready and not was_ready:
-            subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
-            retry("subset.json", lambda: layout.atomic_write_text(self.run_dir / "subset.json", subset.to_json()))
+        subset = self.pipeline.subset
+        if ready and not was_ready and subset is not None:
+            self.disk.retry("subset.json",
+                            lambda: layout.atomic_write_text(self.run_dir / "subset.json", subset.to_json()))
         return ready
 
     def work(self) -> bool:
@@ -226,7 +229,7 @@ class Run:
                 log.error("%d checkpoint(s) waiting, none can be evaluated: %s", len(self.ledger.steps(QUEUED)),
                           self.pipeline.blocked_reason)
             return False
-        subset = self.pipeline.evaluator.subset  # type: ignore[union-attr]
+        subset = self.pipeline.subset
         if self.receiver is not None:
             self.counters.bad_messages = self.receiver.rejected
         ctx = evaluation.Context(
@@ -245,7 +248,7 @@ class Run:
     @property
     def blocked(self) -> bool:
         """Checkpoints wait but cannot be evaluated (no or broken factories, files evald may not read)."""
-        return (bool(self.ledger.steps(QUEUED)) and self.pipeline.evaluator is None) or bool(self.intake.unreadable)
+        return (bool(self.ledger.steps(QUEUED)) and self.pipeline.subset is None) or bool(self.intake.unreadable)
 
     @property
     def blocked_reason(self) -> str | None:
@@ -277,7 +280,7 @@ class Run:
             self._publish()
 
     def _publish(self) -> None:
-        self.leases.longest_load_s = self.counters.extra.get("longest_load_s", 0.0)
+        self.leases.longest_load_s = self.counters.longest_load_s
         state = self.leases.control_state(
             self.decisions.control_state(), run_id=self.run_id, seq=self.decisions.seq,
             lag_policy=self.config.lag_policy, final_step=self.intake.final_step, best_step=self.decisions.best_step)
@@ -288,7 +291,7 @@ class Run:
         best = self.decisions.best_step
         row = self.ledger.step(best) if best is not None else None
         if row is not None:
-            retry("best.json", lambda: write_best_pointer(self.run_dir, best, row.source, self.config.monitor,
+            self.disk.retry("best.json", lambda: write_best_pointer(self.run_dir, best, row.source, self.config.monitor,
                                                           self.decisions.best_value))
 
     def close(self) -> None:

@@ -10,9 +10,15 @@ How the trainer side meets this loop (see trainer_hooks.EvaldHook)::
           loop: Run.handle(event) -> Run.tick() (sinks) -> Run.work() (one evaluation)
     rank 0 SUB control_state  <------------  control PUB (stop step, LR advice, summary)
 
-Signals only set flags: the first SIGINT/SIGTERM sets ``should_exit`` (the current
-evaluation finishes, then evald exits 0); a second sets ``force_exit``, which the
-evaluation checks between batches (abandoned, re-queued, exit 1).
+``serve`` is startup, ``on_tick`` until it returns False, shutdown. ``on_tick`` is the one loop
+body, and tests drive it directly (tests/unit/daemon/test_crash_replay.py). Signals only set
+flags (``handle_exit``): the first SIGINT/SIGTERM sets ``should_exit`` (the current evaluation
+finishes, then evald exits 0); a second sets ``force_exit``, which the evaluation checks between
+batches (abandoned, re-queued, exit 1). A background thread that dies (the notification
+receiver, the directory watcher) stops evald with an error naming it (exit 3), never silently.
+
+What the server uses is passed in: the pipeline (tests give a stand-in), the eval group, and the
+disk-full wait, which ends when a signal comes.
 
 Exit codes: 0 done; 1 forced exit; 2 bad configuration or another evald in the way;
 3 checkpoints wait that cannot be evaluated (docs/reliability.md).
@@ -39,50 +45,60 @@ from evald.contracts.auth import SecurityError
 from evald.contracts.wire import default_socket_dir
 from evald.daemon.turn import SystemicFailure
 from evald.daemon.locks import InUse, Lock, directory_lock_path
-from evald.pipeline.pipeline import Pipeline
+from evald.pipeline.pipeline import EvaluationPipeline, Pipeline
 from evald.daemon.run import Run
 from evald.daemon.run_dir import RunDirError, open_run
 from evald.ledger.ledger import LedgerVersionError
-from evald.intake.receiver import ZMQ, ZMQ_UNTRUSTED
+from evald.intake.receiver import ZMQ, ZMQ_UNTRUSTED, Receiver
+from evald.pipeline.group_protocol import Group
+from evald.sinks.control import ControlPublisher
 from evald.pipeline.tasks.base import EvaluationInterrupted
 
 log = logging.getLogger("evald")
 
 EVENT_QUEUE_SIZE = 10_000
 EVENTS_PER_TURN = 1_000
+IDLE_WAIT_S = 0.2     # how long an idle turn waits for an event
 
 
 class CannotEvaluate(RuntimeError):
     """The operator's own factories cannot be built: nothing this evald could ever evaluate."""
 
 
+class BackgroundThreadDied(RuntimeError):
+    """A thread evald depends on (receiver, watcher) is dead: evald would go deaf without saying so."""
+
+
 class Server:
-    def __init__(self, resolved: ResolvedConfig, group: Any = None) -> None:
+    def __init__(self, resolved: ResolvedConfig, group: Group | None = None,
+                 pipeline: EvaluationPipeline | None = None) -> None:
         self.resolved = resolved
         self.config = resolved.config
-        self.group = group  # rank 0 of an eval group (evald.pipeline.group_protocol.Group), or None: one device
+        self.group = group  # rank 0 of an eval group, or None: one device
         self.should_exit = False
         self.force_exit = False
         self.exit_code = 0
         self.events: "queue.Queue[tuple[str, Any]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
-        self.pipeline = Pipeline(should_abort=self._should_abort, group=group)
+        self.pipeline = pipeline or Pipeline(should_abort=self._should_abort, group=group)
+        self.disk = disk_full.DiskWait(should_stop=lambda: self.should_exit)  # a signal ends a wait for space
         self.run: Run | None = None
-        self.receiver: Any = None
-        self.control: Any = None
+        self.receiver: Receiver | None = None
+        self.control: ControlPublisher | None = None
         self.locks: list[Lock] = []
         self._last_activity = time.monotonic()
         self._said_exiting = False
-        disk_full.stop_waiting_when(lambda: self.should_exit)  # a signal ends a wait for disk space
+        self._worked = False   # the last turn evaluated or skipped something
 
     def serve(self) -> int:
-        self._install_signal_handlers()
+        self.install_signal_handlers()
         try:
             self.startup()
-            self.main_loop()
+            while self.on_tick():
+                pass
         except (InUse, RunDirError, SecurityError, LedgerVersionError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
-        except (CannotEvaluate, SystemicFailure) as exc:
+        except (CannotEvaluate, SystemicFailure, BackgroundThreadDied) as exc:
             log.error("%s", exc)
             self.exit_code = 3
         except (EvaluationInterrupted, disk_full.DiskFullShutdown):
@@ -117,7 +133,7 @@ class Server:
         private_files.prepare_state_dir(run.path, self.config.state_mode)
         self.locks.append(Lock(run.lock, f"run directory {run.path}", "give this one another --logdir"))
         self.run = Run(self.resolved, ckpt_dir, run.path, control=self.control, receiver=self.receiver,
-                       events=self.events, pipeline=self.pipeline)
+                       events=self.events, pipeline=self.pipeline, disk=self.disk)
         log.info("TensorBoard run %r in %s: view it with  tensorboard --logdir %s", run.name, run.logdir, run.logdir)
         self.run.prepare()
 
@@ -131,23 +147,37 @@ class Server:
             log.warning("signal received: finishing this evaluation, then exiting (a second signal abandons it)")
         return self.force_exit
 
-    def main_loop(self) -> None:
-        while not self.should_exit:
-            if self.group is not None:
-                self.group.heartbeat()  # idle ranks wait in a collective, which times out
-            self._drain_events(timeout=0.2)
-            if self.run is None or self.should_exit:
-                continue
-            self.run.tick()
-            if self.run.work():
-                self._last_activity = time.monotonic()
-                continue
-            if self.run.complete():
-                self.run.finish()
-                if not self.config.serve_forever:
-                    return
-            if self._idle_too_long():
-                return
+    def on_tick(self) -> bool:
+        """One turn of the loop: events, the sinks, at most one evaluation. False: time to stop."""
+        if self.should_exit:
+            return False
+        self._check_threads()
+        if self.group is not None:
+            self.group.heartbeat()  # idle ranks wait in a collective, which times out
+        self._drain_events(timeout=0.0 if self._worked else IDLE_WAIT_S)  # busy: straight on to the next step
+        self._worked = False
+        if self.run is None or self.should_exit:
+            return not self.should_exit
+        self.run.tick()
+        if self.run.work():
+            self._last_activity = time.monotonic()
+            self._worked = True
+            return True
+        if self.run.complete():
+            self.run.finish()
+            if not self.config.serve_forever:
+                return False
+        return not self._idle_too_long()
+
+    def _check_threads(self) -> None:
+        """Orbax's rule: a background thread's death is raised in the main loop, never left silent."""
+        threads = [("the notification receiver", self.receiver),
+                   ("the checkpoint directory watcher", self.run and self.run.discovery)]
+        for what, owner in threads:
+            if owner is not None and not owner.is_alive():
+                reason = owner.failure() or "it stopped"
+                raise BackgroundThreadDied(f"{what} thread died ({reason}); evald stops rather than miss "
+                                           f"checkpoints or messages. Start it again; the ledger keeps its place")
 
     def _drain_events(self, timeout: float) -> None:
         try:
@@ -200,11 +230,12 @@ class Server:
             lock.release()
         log.info("evald stopped (exit code %d)", self.exit_code)
 
-    def _install_signal_handlers(self) -> None:
-        def handle(signum: int, _frame: Any) -> None:
-            if self.should_exit:
-                self.force_exit = True
-            self.should_exit = True
+    def handle_exit(self, signum: int, _frame: Any) -> None:
+        """Signal handler: only sets flags (the loop and the evaluation read them)."""
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
 
+    def install_signal_handlers(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, handle)
+            signal.signal(sig, self.handle_exit)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from evald.pipeline import provenance
@@ -37,7 +37,7 @@ class Counters:
     unexpected_in_a_row: int = 0
     bad_messages: int = 0
     ignored_messages: int = 0
-    extra: dict = field(default_factory=dict)
+    longest_load_s: float = 0.0     # the slowest checkpoint load so far, for the run summary
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                        evaluated: Evaluated, queue_depth: int) -> Outcome:
     result = evaluated.result
     now = time.time()
-    counters.extra["longest_load_s"] = max(counters.extra.get("longest_load_s", 0.0), result.load_s)
+    counters.longest_load_s = max(counters.longest_load_s, result.load_s)
     newest = _current_step(ctx, row.step)  # the trainer's word, capped near the disk (forged steps)
     outcome = decisions.observe_eval(row.step, result.metrics, newest_step=newest,
                                      every_n_steps=ctx.every_n_steps)

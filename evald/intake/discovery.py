@@ -81,6 +81,7 @@ class Discovery:
             self._observer = Observer()
         self.fs_type = fs_type
         self._said_missing = False
+        self._stopped = False
         self._dirs = [self.ckpt_dir, *mindformers_layout.watched_dirs(self.ckpt_dir)]
         self._listed = [self.ckpt_dir, *mindformers_layout.served_dirs(self.ckpt_dir)]
         self._watches: dict[Path, tuple[object, int]] = {}  # directory -> (watchdog watch, its inode)
@@ -157,7 +158,15 @@ class Discovery:
             self._said.add((directory, message))
             log.error("%s", message)
 
+    def is_alive(self) -> bool:
+        """Whether watchdog's observer thread still runs (the server checks it every turn)."""
+        return self._stopped or self._observer.is_alive()
+
+    def failure(self) -> str | None:
+        return None if self.is_alive() else "watchdog's observer thread is no longer running"
+
     def stop(self) -> None:
+        self._stopped = True
         try:
             self._observer.stop()
             self._observer.join(timeout=5)

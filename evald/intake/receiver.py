@@ -116,14 +116,20 @@ class Receiver:
         self._monitor = self._socket.get_monitor_socket(
             zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-        self._thread = threading.Thread(target=self._run, name="evald-receiver", daemon=True)
+        self._thread = threading.Thread(target=self._run_recording_death, name="evald-receiver", daemon=True)
+        self._failure: str | None = None
 
     def start(self) -> None:
         assert self._thread is not None
         self._thread.start()
 
     def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        """Whether the thread still runs (or was closed on purpose): the server checks it every turn."""
+        return self._closed or (self._thread is not None and self._thread.is_alive())
+
+    def failure(self) -> str | None:
+        """What killed the thread, when something did."""
+        return self._failure
 
     def stats(self) -> dict[str, object]:
         """A snapshot of the counters, for logs and tests."""
@@ -132,6 +138,13 @@ class Receiver:
                 "dropped_by_type": dict(self.dropped_by_type), "peer_events": dict(self.peer_events)}
 
     # ------------------------------------------------------------ the thread
+
+    def _run_recording_death(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # the loop survives every Exception; this is what it could not
+            self._failure = f"{type(exc).__name__}: {exc}"
+            log.critical("the notification receiver on %s died: %s", self.endpoint, self._failure, exc_info=True)
 
     def _run(self) -> None:
         import zmq

@@ -8,17 +8,18 @@ files (best.json, summary.json, subset.json) are written with ``retry``. evald l
 it starts waiting, every minute while it waits, and when it carries on.
 
 A signal while waiting (SIGTERM) ends the wait with ``DiskFullShutdown``: the change that
-could not be written is not committed, so the next start redoes it, as after a crash.
+could not be written is not committed, so the next start redoes it, as after a crash. The
+server owns the ``DiskWait`` and passes it to what writes (``should_stop`` is its signal flag);
+nothing here is a module-level setting.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import sqlite3
 import time
-from typing import Any, Callable, TypeVar
+from typing import Callable, TypeVar
 
 log = logging.getLogger("evald")
 
@@ -26,18 +27,11 @@ RETRY_S = 1.0
 REMIND_S = 60.0
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _SQLITE_FULL, _SQLITE_IOERR = 13, 10   # primary result codes (the low byte of extended ones)
-_should_stop: Callable[[], bool] = lambda: False
 T = TypeVar("T")
 
 
 class DiskFullShutdown(Exception):
     """A signal arrived while evald waited for disk space; what was not written is redone at the next start."""
-
-
-def stop_waiting_when(check: Callable[[], bool]) -> None:
-    """``check`` (the server's signal flag) ends a wait for space."""
-    global _should_stop
-    _should_stop = check
 
 
 def is_full(exc: BaseException | None) -> bool:
@@ -56,61 +50,38 @@ def is_full(exc: BaseException | None) -> bool:
     return False
 
 
-def retry(what: str, action: Callable[[], T], cleanup: Callable[[], None] | None = None) -> T:
-    """``action()``, run again every RETRY_S while it fails because the disk is full."""
-    waiting_since = None
-    reminded = 0.0
-    while True:
-        try:
-            result = action()
-        except (OSError, sqlite3.Error) as exc:
-            if not is_full(exc):
-                raise
-            if cleanup is not None:
-                cleanup()
-            now = time.monotonic()
-            if waiting_since is None or now - reminded >= REMIND_S:
-                log.warning("%s cannot be written: %s. evald waits and retries every %.0fs%s; nothing is lost "
-                            "(the change is retried whole). Free some space", what, exc, RETRY_S,
-                            f" (waiting for {now - waiting_since:.0f}s)" if waiting_since is not None else "")
-                reminded = now
-                waiting_since = now if waiting_since is None else waiting_since
-            if _should_stop():
-                log.warning("a signal came while waiting for space: exiting without writing %s; the next start "
-                            "redoes what it would have recorded", what)
-                raise DiskFullShutdown(f"stopped while waiting for space to write {what}") from exc
-            time.sleep(RETRY_S)
-            continue
-        if waiting_since is not None:
-            log.warning("%s written again after %.0fs without space; carrying on", what,
-                        time.monotonic() - waiting_since)
-        return result
+class DiskWait:
+    """Runs a write again while the disk is full, until it succeeds or ``should_stop()`` says a signal came."""
 
+    def __init__(self, should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.should_stop = should_stop
 
-def guard_ledger(cls: type) -> type:
-    """Wrap every public method of the ledger class (and its constructor) in ``retry``."""
-    for name, member in list(vars(cls).items()):
-        if callable(member) and (not name.startswith("_") or name == "__init__"):
-            setattr(cls, name, _guarded(member))
-    return cls
-
-
-def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return retry(f"the ledger {getattr(self, 'path', '')}", lambda: method(self, *args, **kwargs),
-                     cleanup=lambda: _roll_back(self, closing=method.__name__ == "__init__"))
-    return call
-
-
-def _roll_back(ledger: Any, closing: bool) -> None:
-    db = getattr(ledger, "_db", None)
-    if db is None:
-        return
-    try:
-        if closing:
-            db.close()
-        elif db.in_transaction:
-            db.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass  # sqlite may have rolled back by itself; the retry starts clean either way
+    def retry(self, what: str, action: Callable[[], T], cleanup: Callable[[], None] | None = None) -> T:
+        """``action()``, run again every RETRY_S while it fails because the disk is full."""
+        waiting_since = None
+        reminded = 0.0
+        while True:
+            try:
+                result = action()
+            except (OSError, sqlite3.Error) as exc:
+                if not is_full(exc):
+                    raise
+                if cleanup is not None:
+                    cleanup()
+                now = time.monotonic()
+                if waiting_since is None or now - reminded >= REMIND_S:
+                    log.warning("%s cannot be written: %s. evald waits and retries every %.0fs%s; nothing is lost "
+                                "(the change is retried whole). Free some space", what, exc, RETRY_S,
+                                f" (waiting for {now - waiting_since:.0f}s)" if waiting_since is not None else "")
+                    reminded = now
+                    waiting_since = now if waiting_since is None else waiting_since
+                if self.should_stop():
+                    log.warning("a signal came while waiting for space: exiting without writing %s; the next start "
+                                "redoes what it would have recorded", what)
+                    raise DiskFullShutdown(f"stopped while waiting for space to write {what}") from exc
+                time.sleep(RETRY_S)
+                continue
+            if waiting_since is not None:
+                log.warning("%s written again after %.0fs without space; carrying on", what,
+                            time.monotonic() - waiting_since)
+            return result

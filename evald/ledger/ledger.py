@@ -23,19 +23,32 @@ state (decisions, control state, run end) changed inside those same transactions
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
-from evald.ledger.disk_full import guard_ledger
+from evald.ledger.disk_full import DiskWait
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
 from evald.ledger.schema import (  # noqa: F401 - the row types and states are the ledger's interface
     SCHEMA, STEP_COLUMNS, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED,
     SCHEMA_VERSION, SKIPPED, USED, Record, Step, step_from_row)
+
+T = TypeVar("T")
+
+
+def durable(method: Callable[..., T]) -> Callable[..., T]:
+    """A public method of the ledger: one transaction (or one read), run again whole while the disk
+    is full (evald.ledger.disk_full); the failed attempt is rolled back first."""
+    @functools.wraps(method)
+    def call(self: "Ledger", *args: Any, **kwargs: Any) -> T:
+        return self.disk.retry(f"the ledger {self.path}", lambda: method(self, *args, **kwargs),
+                               cleanup=self._roll_back)
+    return call
 
 
 class LedgerVersionError(RuntimeError):
@@ -43,8 +56,13 @@ class LedgerVersionError(RuntimeError):
 
 
 class Ledger:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, disk: DiskWait | None = None) -> None:
         self.path = Path(path)
+        self.disk = disk or DiskWait()
+        self._db: sqlite3.Connection | None = None
+        self.disk.retry(f"the ledger {self.path}", self._open, cleanup=self.close)
+
+    def _open(self) -> None:
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a kill -9 must not lose a state change
@@ -62,7 +80,15 @@ class Ledger:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
-        self._db.close()
+        if self._db is not None:
+            self._db.close()
+
+    def _roll_back(self) -> None:
+        try:
+            if self._db is not None and self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # sqlite may have rolled back by itself; the retry starts clean either way
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -76,6 +102,7 @@ class Ledger:
 
     # ------------------------------------------------------------ changes (one transaction each)
 
+    @durable
     def admit(self, *, name: str, step: int, kind: str, found_via: str, run_id: str | None,
               commit_time: float | None, skip_reason: str | None = None, also: Sequence[str] = ()) -> None:
         """A new step read from file ``name`` (and the parts ``also``): queued, or skipped with ``skip_reason``."""
@@ -90,6 +117,7 @@ class Ledger:
             if skip_reason:
                 self._outbox(db, _skip_record(db, step, skip_reason, now, commit_time or now))
 
+    @durable
     def replace_source(self, step: int, *, name: str, kind: str, run_id: str | None,
                        commit_time: float | None, old_reason: str, also: Sequence[str] = ()) -> None:
         """A queued step is read from the better file ``name``; its old file becomes a duplicate."""
@@ -102,6 +130,7 @@ class Ledger:
             db.execute("UPDATE steps SET source=?, kind=?, run_id=?, commit_time=? WHERE step=?",
                        (name, kind, run_id, commit_time, step))
 
+    @durable
     def note_file(self, name: str, step: int | None, status: str, reason: str,
                   fail_step: bool = False, fail_state: str = FAILED, also: Sequence[str] = ()) -> None:
         """A file (and the parts ``also``) that is a duplicate or rejected; with ``fail_step``, its step
@@ -118,6 +147,7 @@ class Ledger:
                                                                        reason, now, now))
                 self._outbox(db, _skip_record(db, step, skip_text_for(fail_state, name, reason), now))
 
+    @durable
     def start(self, step: int, skips: Sequence[tuple[int, str]] = ()) -> None:
         """``step`` is being evaluated (one more attempt); ``skips`` are passed over by the lag policy."""
         now = time.time()
@@ -126,10 +156,12 @@ class Ledger:
             db.execute("UPDATE steps SET state=?, started_at=?, attempts=attempts+1 WHERE step=?",
                        (EVALUATING, now, step))
 
+    @durable
     def skip(self, skips: Sequence[tuple[int, str]]) -> None:
         with self._transaction() as db:
             self._skip(db, skips, time.time())
 
+    @durable
     def finish(self, step: int, state: str, *, reason: str | None = None,
                metrics: Mapping[str, float] | None = None, record: Record | None = None,
                kv: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> None:
@@ -144,10 +176,12 @@ class Ledger:
                 db.execute("INSERT OR REPLACE INTO provenance VALUES (?, ?)", (step, json.dumps(provenance)))
             _put(db, kv)
 
+    @durable
     def requeue(self, step: int, reason: str) -> None:
         with self._transaction() as db:
             db.execute("UPDATE steps SET state=?, reason=? WHERE step=?", (QUEUED, reason, step))
 
+    @durable
     def requeue_failures(self, steps: Sequence[int], forget_steps: Sequence[int], forget_files: Sequence[str],
                          reason: str, counter: str | None, kv: Mapping[str, Any] | None = None) -> None:
         """Failed or deleted ``steps`` back to the queue (found_via retry, attempts reset), ``forget_steps``
@@ -162,6 +196,7 @@ class Ledger:
                 kv = {**(kv or {}), counter: self.get_state(counter, 0) + 1}
             _put(db, kv)
 
+    @durable
     def recover_interrupted(self, max_attempts: int) -> list[Step]:
         """At start: steps left ``evaluating`` by a crash go back to ``queued``, or fail past max_attempts."""
         interrupted = self.steps(EVALUATING)
@@ -179,54 +214,66 @@ class Ledger:
                                (QUEUED, "re-queued: evald was interrupted while evaluating it", row.step))
         return interrupted
 
+    @durable
     def add_records(self, records: Sequence[Record], kv: Mapping[str, Any] | None = None) -> None:
         with self._transaction() as db:
             for record in records:
                 self._outbox(db, record)
             _put(db, kv)
 
+    @durable
     def mark_written(self, ids: Sequence[int]) -> None:
         with self._transaction() as db:
             db.executemany("UPDATE records SET written=1 WHERE id=?", [(i,) for i in ids])
 
+    @durable
     def put_state(self, key: str, value: Any) -> None:
         with self._transaction() as db:
             _put(db, {key: value})
 
     # ------------------------------------------------------------ reads
 
+    @durable
     def step(self, step: int) -> Step | None:
         row = self._db.execute(f"SELECT {STEP_COLUMNS} FROM steps WHERE step=?", (step,)).fetchone()
         return step_from_row(row) if row else None
 
+    @durable
     def steps(self, *states: str) -> list[Step]:
         where = f" WHERE state IN ({','.join('?' * len(states))})" if states else ""
         rows = self._db.execute(f"SELECT {STEP_COLUMNS} FROM steps{where} ORDER BY step", states).fetchall()
         return [step_from_row(r) for r in rows]
 
+    @durable
     def step_numbers(self) -> list[int]:
         return [s for (s,) in self._db.execute("SELECT step FROM steps ORDER BY step")]
 
+    @durable
     def counts(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT state, COUNT(*) FROM steps GROUP BY state").fetchall())
 
+    @durable
     def file_status(self, name: str) -> str | None:
         row = self._db.execute("SELECT status FROM files WHERE name=?", (name,)).fetchone()
         return row[0] if row else None
 
+    @durable
     def files(self) -> list[tuple[str, int | None, str, str | None]]:
         return self._db.execute("SELECT name, step, status, reason FROM files ORDER BY name").fetchall()
 
+    @durable
     def pending_records(self) -> list[Record]:
         rows = self._db.execute("SELECT id, stream, step, wall_time, payload FROM records WHERE written=0 "
                                 "ORDER BY id").fetchall()
         return [Record(stream, step, wall_time, (data := json.loads(payload)).get("scalars", {}), data.get("texts", {}),
                        rid) for rid, stream, step, wall_time, payload in rows]
 
+    @durable
     def provenance(self, step: int) -> dict[str, Any] | None:
         rows = self._db.execute("SELECT value FROM provenance WHERE step=?", (step,))
         return next((json.loads(value) for (value,) in rows), None)
 
+    @durable
     def get_state(self, key: str, default: Any = None) -> Any:
         row = self._db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
@@ -251,7 +298,6 @@ def _skip_record(db: sqlite3.Connection, step: int, text: str, now: float, wall_
     return Record("eval", step, wall_time or now, lag_scalars(step, newest, commit, now), {SKIP_TAG: text})
 
 
-guard_ledger(Ledger)  # a full disk: wait and retry each transaction whole (evald.ledger.disk_full)
 
 
 def _put(db: sqlite3.Connection, kv: Mapping[str, Any] | None) -> None:

@@ -19,11 +19,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.config import EvaldConfig, factory_spec
 from evald.pipeline.network import EvalResult, Evaluator
+from evald.pipeline.provenance import EvaluationSpec
+from evald.pipeline.subset import SubsetInfo
 from evald.pipeline.factories import check_allowed
 from evald.ledger.ledger import DELETED, FAILED, Step
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort
@@ -50,6 +52,20 @@ class Retry:
 Outcome = Union[Evaluated, Failed, Retry]
 
 
+class EvaluationPipeline(Protocol):
+    """What the daemon needs of a pipeline: the real one below, or a test's stand-in."""
+
+    blocked_reason: str | None
+
+    @property
+    def subset(self) -> SubsetInfo | None:
+        """The fixed subset of the network built, or None before one is."""
+
+    def ensure_built(self, config: EvaldConfig) -> bool: ...
+
+    def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome: ...
+
+
 @dataclass(frozen=True)
 class _Plugin:
     name: str
@@ -62,9 +78,13 @@ class Pipeline:
         self.group = group  # an eval group's rank 0 (evald.pipeline.group_protocol.Group): every rank builds and evaluates
         self.evaluator: Evaluator | None = None
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
-        self._built_specs: tuple | None = None
-        self._failed_specs: tuple | None = None
+        self._built_specs: EvaluationSpec | None = None
+        self._failed_specs: EvaluationSpec | None = None
         self._device_selected = group is not None  # a group's ranks picked their devices before init()
+
+    @property
+    def subset(self) -> SubsetInfo | None:
+        return self.evaluator.subset if self.evaluator is not None else None
 
     def ensure_built(self, config: EvaldConfig) -> bool:
         """Build the evaluator for ``config``'s factories if needed; False while it cannot be built."""
@@ -74,8 +94,8 @@ class Pipeline:
                                    "or let the trainer announce them (EvaldHook(model_factory=..., "
                                    "data_factory=...))")
             return False
-        specs = (config.task or "lm", model, data, config.subset_size, config.subset_seed, config.batch_size,
-                 config.generation, config.metric_plugins)
+        specs = EvaluationSpec(config.task or "lm", model, data, config.subset_size, config.subset_seed,
+                               config.batch_size, config.generation, tuple(config.metric_plugins))
         if self.evaluator is not None and specs == self._built_specs:
             return True
         if specs == self._failed_specs:
@@ -93,12 +113,11 @@ class Pipeline:
         self._built_specs, self._failed_specs, self.blocked_reason = specs, None, None
         return True
 
-    def _build(self, config: EvaldConfig, specs: tuple) -> None:
+    def _build(self, config: EvaldConfig, specs: EvaluationSpec) -> None:
         from evald.pipeline.device import select_device
         from evald.pipeline.metrics.plugins import load_metric, plugin_name
-        from evald.pipeline.provenance import config_identity
 
-        task, model, data = specs[:3]
+        task, model, data = specs.task, specs.model, specs.data
         if not self._device_selected:
             select_device(config.device.target, config.device.ids[0])
             self._device_selected = True
@@ -120,12 +139,12 @@ class Pipeline:
                                             subset_size=config.subset_size, subset_seed=config.subset_seed,
                                             batch_size=config.batch_size, generation=config.generation,
                                             verify_swap=config.tuning.verify_swap,
-                                            config_identity=config_identity(*specs))
+                                            config_identity=specs.identity())
             return
         self.evaluator = Evaluator(task=task, model=model, data=data, subset_size=config.subset_size,
                                    subset_seed=config.subset_seed, batch_size=config.batch_size,
                                    plugins=plugins, generation=generation, verify_swap=config.tuning.verify_swap,
-                                   config_identity=config_identity(*specs))
+                                   config_identity=specs.identity())
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome:
         assert self.evaluator is not None, "ensure_built() first"

@@ -32,13 +32,30 @@ CHANGE_TAG = "evald/comparability"
 STATE_KEY = "provenance"  # kv: the subset and config of the last evaluation
 
 
-def config_identity(task: str, model: Any, data: Any, subset_size: int, subset_seed: int, batch_size: int,
-                    generation: Any, metric_plugins: Any) -> dict[str, Any]:
-    """The effective evaluation config as plain JSON (factory search paths left out: a place, not a setting)."""
-    return {"task": task, "model": _factory(model), "data": _factory(data), "subset_size": subset_size,
-            "subset_seed": subset_seed, "batch_size": batch_size,
-            "generation": dataclasses.asdict(generation) if dataclasses.is_dataclass(generation) else generation,
-            "metric_plugins": [dict(p) for p in metric_plugins], "evald": __version__}
+@dataclasses.dataclass(frozen=True)
+class EvaluationSpec:
+    """Every setting that can change a number of the default evaluation; the network is built for one.
+
+    Two specs that compare equal give the same numbers on the same weights, so the pipeline
+    rebuilds only when the spec changes, and ``identity()`` is what provenance records.
+    """
+
+    task: str
+    model: Any             # evald.contracts.wire.FactorySpec
+    data: Any              # evald.contracts.wire.FactorySpec
+    subset_size: int
+    subset_seed: int
+    batch_size: int
+    generation: Any        # evald.config.GenerationOptions
+    metric_plugins: tuple = ()
+
+    def identity(self) -> dict[str, Any]:
+        """The spec as plain JSON (factory search paths left out: a place, not a setting)."""
+        generation = self.generation
+        return {"task": self.task, "model": _factory(self.model), "data": _factory(self.data),
+                "subset_size": self.subset_size, "subset_seed": self.subset_seed, "batch_size": self.batch_size,
+                "generation": dataclasses.asdict(generation) if dataclasses.is_dataclass(generation) else generation,
+                "metric_plugins": [dict(p) for p in self.metric_plugins], "evald": __version__}
 
 
 def sha256_of(value: Any) -> str:

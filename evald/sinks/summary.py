@@ -16,7 +16,6 @@ from typing import Any
 from evald.contracts import layout
 from evald.contracts.wire import RunFinished
 from evald.decisions.decisions import Decisions
-from evald.ledger.disk_full import retry
 from evald.ledger.ledger import Ledger, Record
 from evald.sinks.summary_table import summary_markdown
 
@@ -34,7 +33,7 @@ def write_run_summary(ledger: Ledger, decisions: Decisions, run_dir: Path, run_i
                "advisory_stop": decisions.advisory_stop}
     decisions.finish(summary)
     text = json.dumps(summary, indent=1)
-    retry("summary.json", lambda: layout.atomic_write_text(run_dir / "summary.json", text))
+    ledger.disk.retry("summary.json", lambda: layout.atomic_write_text(run_dir / "summary.json", text))
     ledger.add_records([Record("summary", run_end.final_step, time.time(), {},
                                {"evald/summary": summary_markdown(summary)})],
                        kv={"decisions": decisions.state_dict(), "summarised": [run_id, run_end.final_step]})

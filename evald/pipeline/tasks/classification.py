@@ -31,6 +31,8 @@ class ClassificationTask:
     def __init__(self, plugins: Sequence[Any] = (), generation: Any = None) -> None:
         self.plugins = list(plugins)
 
+    METRICS = ("eval/loss", "eval/accuracy", "eval/macro_f1", "eval/auc")
+
     def build_cell(self, network: nn.Cell) -> nn.Cell:
         return ClassifierEvalCell(network)
 

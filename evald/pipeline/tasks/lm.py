@@ -43,6 +43,8 @@ class LanguageModelTask:
         self.plugins = list(plugins)
         self.generation = generation
 
+    METRICS = ("eval/loss", "eval/perplexity", "eval/accuracy")
+
     def build_cell(self, network: nn.Cell) -> nn.Cell:
         return LMEvalCell(network)
 
