@@ -20,11 +20,10 @@ import sys
 from typing import Sequence
 
 from evald import __version__
-
-from evald.daemon import logs
 from evald.config import (ConfigError, ResolvedConfig, command_line_layer, default_of, environment_layer, flag_of,
                           option_fields, resolve, toml_layer)
 from evald.config.schema import parse_cpus
+from evald.daemon import logs
 
 SUBCOMMANDS = ("status", "retry", "subset", "keys")
 

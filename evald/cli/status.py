@@ -19,8 +19,8 @@ from typing import Any
 
 from evald.contracts import layout
 from evald.contracts.wire import ProtocolError, announcement_from_json
-from evald.ledger.ledger import DELETED, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, Ledger
 from evald.daemon.run_dir import IDENTITY_FILE, LEDGER_FILE, LOCK_FILE, read_identity
+from evald.ledger.ledger import DELETED, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, Ledger
 
 STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
 

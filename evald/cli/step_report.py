@@ -12,10 +12,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from evald.contracts import layout
-from evald.pipeline.metrics.uncertainty import SE_SUFFIX, se_tag
-from evald.daemon.run_dir import LEDGER_FILE
 from evald.cli.status import ReadOnlyLedger
+from evald.contracts import layout
+from evald.daemon.run_dir import LEDGER_FILE
+from evald.pipeline.metrics.uncertainty import SE_SUFFIX, se_tag
 
 
 def describe(run_path: Path, step: int, ckpt_dir: str | None = None) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from __future__ import annotations
 from evald.config.options import ANNOUNCED, EvaldConfig, GenerationOptions, TuningOptions, option_fields
 from evald.config.resolve import ResolvedConfig, resolve, with_announcement
 from evald.config.schema import ConfigError, default_of, flag_of
-from evald.config.values import DeviceSpec
 from evald.config.sources import Layer, command_line_layer, environment_layer, toml_layer
+from evald.config.values import DeviceSpec
 from evald.contracts.wire import FactorySpec
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from evald.config.health_thresholds import HealthThresholds
 from evald.config.schema import opt
 from evald.config.values import DeviceSpec, MinDelta
 from evald.contracts import auth
-from evald.config.health_thresholds import HealthThresholds
 
 
 @dataclass(frozen=True)

@@ -22,28 +22,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evald.daemon import turn as evaluation
-
-from evald.intake import trust
 from evald.config import ConfigError, ResolvedConfig, with_announcement
 from evald.contracts import layout
 from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
-from evald.decisions.decisions import Decisions
-from evald.ledger.disk_full import DiskWait
-from evald.intake.intake import Intake
-from evald.sinks.leases import Leases
-from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
-from evald.files.mindformers import entry_name
-from evald.pipeline.pipeline import EvaluationPipeline
-from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
+from evald.daemon import turn as evaluation
 from evald.daemon.run_dir import LEDGER_FILE
-from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
-from evald.sinks.best_pointer import write_best_pointer
-from evald.sinks.summary import write_run_summary
-from evald.sinks.tensorboard import TensorBoardSink
+from evald.decisions.decisions import Decisions
+from evald.files.mindformers import entry_name
+from evald.intake import trust
 from evald.intake.discovery import RESCAN, WATCHDOG, Discovery
+from evald.intake.intake import Intake
 from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED
 from evald.intake.train_stream import TrainStream, reach
+from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
+from evald.ledger.disk_full import DiskWait
+from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
+from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
+from evald.pipeline.pipeline import EvaluationPipeline
+from evald.sinks.best_pointer import write_best_pointer
+from evald.sinks.leases import Leases
+from evald.sinks.summary import write_run_summary
+from evald.sinks.tensorboard import TensorBoardSink
 
 log = logging.getLogger("evald")
 

@@ -33,26 +33,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evald.daemon import channels
-
-from evald.ledger import disk_full
-
-from evald.daemon import private_files
-
-from evald.intake import trust
 from evald.config import ResolvedConfig
 from evald.contracts.auth import SecurityError
 from evald.contracts.wire import default_socket_dir
-from evald.daemon.turn import SystemicFailure
+from evald.daemon import channels
+from evald.daemon import private_files
 from evald.daemon.locks import InUse, Lock, directory_lock_path
-from evald.pipeline.pipeline import EvaluationPipeline, Pipeline
 from evald.daemon.run import Run
 from evald.daemon.run_dir import RunDirError, open_run
-from evald.ledger.ledger import LedgerVersionError
+from evald.daemon.turn import SystemicFailure
+from evald.intake import trust
 from evald.intake.receiver import ZMQ, ZMQ_UNTRUSTED, Receiver
+from evald.ledger import disk_full
+from evald.ledger.ledger import LedgerVersionError
 from evald.pipeline.group_protocol import Group
-from evald.sinks.control import ControlPublisher
+from evald.pipeline.pipeline import EvaluationPipeline, Pipeline
 from evald.pipeline.tasks.base import EvaluationInterrupted
+from evald.sinks.control import ControlPublisher
 
 log = logging.getLogger("evald")
 

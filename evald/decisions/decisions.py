@@ -21,8 +21,8 @@ from evald.contracts.wire import ControlState
 from evald.decisions.early_stop import EarlyStopPolicy
 from evald.decisions.health import HealthMonitor
 from evald.decisions.lr_advisor import LRAdvisor
-from evald.pipeline.metrics.uncertainty import se_tag
 from evald.decisions.trend import TrainLossTrend
+from evald.pipeline.metrics.uncertainty import se_tag
 
 MAX_STEP = 2**63 - 1  # the wire's bound on a step
 

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from evald.files.errors import CheckpointDeleted, CheckpointError
 from evald.contracts.small_files import kind_of
+from evald.files.errors import CheckpointDeleted, CheckpointError
 
 FOREIGN_FACTOR = 16            # weights + optimizer moments + fp32 master copies, with room to spare
 FOREIGN_SLACK = 64 << 20

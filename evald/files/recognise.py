@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from evald.files import mindformers as mindformers_layout
 from evald.contracts import layout
 from evald.contracts.partition import parse_part_dir_name
+from evald.files import mindformers as mindformers_layout
 from evald.files.access import Unreadable, check_readable
 from evald.files.confine import confined, examine
 from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointUnreadable

@@ -19,12 +19,12 @@ import os
 import time
 from pathlib import Path
 
+from evald.config import EvaldConfig
+from evald.contracts import layout
 from evald.files import mindformers as mindformers_layout
 from evald.files.parts import Assembled, PartGroups, Unusable
 from evald.files.recognise import (FOREIGN_SUFFIXES, PART, PARTS, PREFERENCE, Found, Pending, Rejected, recognise,
                                step_from_name)
-from evald.config import EvaldConfig
-from evald.contracts import layout
 from evald.intake.lag_policy import admit
 from evald.ledger.ledger import DELETED, DUPLICATE, QUEUED, REJECTED, Ledger
 

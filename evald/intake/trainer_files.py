@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evald.intake import trust
 from evald.contracts import layout, small_files
 from evald.contracts.wire import ProtocolError, RunAnnounced, RunFinished, announcement_from_json, decode
+from evald.intake import trust
 
 log = logging.getLogger("evald")
 

@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from evald.ledger.disk_full import DiskWait
-from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
-
 from evald.ledger.schema import (  # noqa: F401 - the row types and states are the ledger's interface
     SCHEMA, STEP_COLUMNS, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED,
     SCHEMA_VERSION, SKIPPED, USED, Record, Step, step_from_row)
+from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
 T = TypeVar("T")
 

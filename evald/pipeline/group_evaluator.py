@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.contracts.wire import FactorySpec
+from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.pipeline.group_protocol import BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, OK, OP_NAMES, Group
 from evald.pipeline.network import EvalResult, Evaluator, PartResult
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never

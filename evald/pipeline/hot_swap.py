@@ -21,9 +21,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from evald.pipeline import name_fit
 from evald.contracts import layout
 from evald.contracts.manifest import numpy_dtype_of
+from evald.pipeline import name_fit
 
 log = logging.getLogger("evald.pipeline.hot_swap")
 

@@ -20,15 +20,15 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from evald.files.recognise import CheckpointError
 from evald.contracts import layout
 from evald.contracts.wire import FactorySpec
+from evald.files.recognise import CheckpointError
 from evald.pipeline.factories import call_factory
 from evald.pipeline.hot_swap import NetworkWeights
-from evald.pipeline.swap_check import PartsRead, check as check_swap, check_parts, parts_digest, weights_digest
 from evald.pipeline.subset import SubsetInfo, fixed_batches, select_subset
-from evald.pipeline.tasks.base import DataShapeError, ShouldAbort, never
+from evald.pipeline.swap_check import PartsRead, check as check_swap, check_parts, parts_digest, weights_digest
 from evald.pipeline.tasks import make_task
+from evald.pipeline.tasks.base import DataShapeError, ShouldAbort, never
 from evald.pipeline.weights import load_into
 
 log = logging.getLogger("evald.pipeline.network")

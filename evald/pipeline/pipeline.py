@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Union
 
-from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.config import EvaldConfig, factory_spec
+from evald.files.recognise import CheckpointDeleted, CheckpointError
+from evald.ledger.ledger import DELETED, FAILED, Step
+from evald.pipeline.factories import check_allowed
 from evald.pipeline.network import EvalResult, Evaluator
 from evald.pipeline.provenance import EvaluationSpec
 from evald.pipeline.subset import SubsetInfo
-from evald.pipeline.factories import check_allowed
-from evald.ledger.ledger import DELETED, FAILED, Step
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort
 
 log = logging.getLogger("evald.pipeline.pipeline")
