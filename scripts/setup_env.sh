@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11) and installs evald with its test extra, once per pyproject.toml version.
 # --with-browser: also headless Chromium (Debian's chromium-headless-shell, else chromium) for the
-# TensorBoard view test (tests/test_views.py), installed with apt-get when this runs as root.
+# TensorBoard view test (tests/e2e/test_views.py), installed with apt-get when this runs as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -19,17 +19,17 @@ fi
 if [[ ${1:-} == --with-browser ]] && ! command -v chromium-headless-shell >/dev/null 2>&1 \
         && ! command -v chromium >/dev/null 2>&1; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
-        echo "setup_env: installing headless Chromium for tests/test_views.py (apt-get)"
+        echo "setup_env: installing headless Chromium for tests/e2e/test_views.py (apt-get)"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
         apt-get install -y -qq chromium-headless-shell >/dev/null || apt-get install -y -qq chromium >/dev/null \
-            || echo "setup_env: could not install Chromium; tests/test_views.py will fail and say so" >&2
+            || echo "setup_env: could not install Chromium; tests/e2e/test_views.py will fail and say so" >&2
     else
         echo "setup_env: no headless Chromium and not root with apt-get: install chromium-headless-shell" \
-             "(or chromium) yourself, or tests/test_views.py fails" >&2
+             "(or chromium) yourself, or tests/e2e/test_views.py fails" >&2
     fi
 fi
-# tests/test_deploy.py runs `systemd-analyze verify` on deploy/evald@.service (systemd is in the image;
+# tests/e2e/test_deploy.py runs `systemd-analyze verify` on deploy/evald@.service (systemd is in the image;
 # install it where it is not and we may).
 if ! command -v systemd-analyze >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) == 0 ]]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null

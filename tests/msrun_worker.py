@@ -1,6 +1,6 @@
 """One worker of a real MindSpore CPU data-parallel job, launched by msrun.
 
-Used by tests/test_msrun_distributed.py::
+Used by tests/e2e/test_msrun_distributed.py::
 
     msrun --worker_num=4 --local_worker_num=4 --master_port=PORT --log_dir=DIR --join=True \
         tests/msrun_worker.py --ckpt-dir ... --control-endpoint ... --run-id ... --out-dir ...

@@ -1,4 +1,4 @@
-"""One rank that writes its part of each snapshot, for tests/test_msrun_partitions.py.
+"""One rank that writes its part of each snapshot, for tests/e2e/test_msrun_partitions.py.
 
 ``--mode dp`` (launched by msrun): a real MindSpore CPU data-parallel job.
 Every rank trains the same small tiny_lm model on its shard with

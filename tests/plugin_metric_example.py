@@ -1,4 +1,4 @@
-"""Example metric plugins for tests/test_metric_plugins.py, loaded by 'module:ClassName' spec."""
+"""Example metric plugins for tests/unit/pipeline/test_metric_plugins.py, loaded by 'module:ClassName' spec."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One stand-in "rank" of a data-parallel job, for tests/test_stop_agreement.py.
+"""One stand-in "rank" of a data-parallel job, for tests/unit/trainer_hooks/test_stop_agreement.py.
 
 Run as a separate process per rank. No MindSpore: the AllReduce is replaced by
 ``FileAllReduce``, a SUM over files in a shared directory that every rank must

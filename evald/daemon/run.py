@@ -32,7 +32,7 @@ from evald.files.mindformers import entry_name
 from evald.intake import trust
 from evald.intake.discovery import RESCAN, WATCHDOG, Discovery
 from evald.intake.intake import Intake
-from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED
+from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED, Receiver
 from evald.intake.train_stream import TrainStream, reach
 from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.ledger.disk_full import DiskWait
@@ -40,6 +40,7 @@ from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
 from evald.pipeline.pipeline import EvaluationPipeline
 from evald.sinks.best_pointer import write_best_pointer
+from evald.sinks.control import ControlPublisher
 from evald.sinks.leases import Leases
 from evald.sinks.summary import write_run_summary
 from evald.sinks.tensorboard import TensorBoardSink
@@ -52,7 +53,8 @@ BLOCKED_REMINDER_S = 60.0
 
 
 class Run:
-    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, run_dir: Path, *, control: Any, receiver: Any,
+    def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, run_dir: Path, *, control: ControlPublisher | None,
+                 receiver: Receiver | None,
                  events: "queue.Queue[tuple[str, Any]]", pipeline: EvaluationPipeline,
                  disk: DiskWait | None = None) -> None:
         self.operator = resolved              # what the operator configured

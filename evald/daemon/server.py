@@ -84,7 +84,7 @@ class Server:
         self.locks: list[Lock] = []
         self._last_activity = time.monotonic()
         self._said_exiting = False
-        self._worked = False   # the last turn evaluated or skipped something
+        self._worked = True    # the last turn evaluated or skipped something (the first turn looks at once)
 
     def serve(self) -> int:
         self.install_signal_handlers()

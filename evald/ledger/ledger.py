@@ -63,15 +63,15 @@ class Ledger:
 
     def _open(self) -> None:
         self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a kill -9 must not lose a state change
-        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]   # before anything is written
         has_tables = self._db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
         if version != SCHEMA_VERSION and (version != 0 or has_tables):
             self._db.close()
             raise LedgerVersionError(f"{self.path} has ledger schema {version}; this evald reads only schema "
                                      f"{SCHEMA_VERSION}. It was written by another evald version: run that "
                                      f"version, or give this evald a new --logdir (or --run-name)")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a kill -9 must not lose a state change
         with self._transaction() as db:
             for statement in SCHEMA.split(";"):
                 if statement.strip():

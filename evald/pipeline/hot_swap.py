@@ -1,7 +1,7 @@
 """Put checkpoint weights into a compiled MindSpore network with no avoidable copy.
 
 On CPU, ``Parameter.asnumpy()`` is a view of the parameter's live memory, the
-memory the compiled graph reads (tests/test_hot_swap.py proves it bit for bit
+memory the compiled graph reads (tests/unit/pipeline/test_hot_swap.py proves it bit for bit
 against ``load_param_into_net``, across swaps A, B, A). So evald reads each
 checkpoint file straight into those views: one read, no Tensor built, no
 second copy. Where that does not hold (a device other than CPU, a parameter

@@ -25,6 +25,7 @@ from evald.config import EvaldConfig, factory_spec
 from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.ledger.ledger import DELETED, FAILED, Step
 from evald.pipeline.factories import check_allowed
+from evald.pipeline.group_protocol import Group
 from evald.pipeline.network import EvalResult, Evaluator
 from evald.pipeline.provenance import EvaluationSpec
 from evald.pipeline.subset import SubsetInfo
@@ -73,7 +74,7 @@ class _Plugin:
 
 
 class Pipeline:
-    def __init__(self, should_abort: ShouldAbort, group: Any = None) -> None:
+    def __init__(self, should_abort: ShouldAbort, group: Group | None = None) -> None:
         self.should_abort = should_abort
         self.group = group  # an eval group's rank 0 (evald.pipeline.group_protocol.Group): every rank builds and evaluates
         self.evaluator: Evaluator | None = None

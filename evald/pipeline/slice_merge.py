@@ -13,7 +13,7 @@ dimension in order (evald.files.parts reads those straight into the parameter's
 rows instead when it can).
 
 UNTESTED on a real tensor-parallel job: MindSpore 2.10 refuses semi-auto
-parallel on CPU. tests/test_partitions.py checks the merge, bit for bit, on
+parallel on CPU. tests/unit/pipeline/test_partitions.py checks the merge, bit for bit, on
 parameters cut by the documented layout rule.
 """
 

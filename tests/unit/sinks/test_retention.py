@@ -1,6 +1,6 @@
 """Retention leases in-process: the plan (pure), evald's leases from its ledger, and the trainer hook's
 pruning against a real control channel (evald's ControlPublisher over ipc, real snapshot files).
-The same with a real trainer and a real evald slower than the snapshots: tests/test_retention_e2e.py."""
+The same with a real trainer and a real evald slower than the snapshots: tests/e2e/test_retention_e2e.py."""
 
 from __future__ import annotations
 

@@ -471,7 +471,7 @@ def test_model_train_without_evald_then_evald_catches_up(tmp_path, endpoints, pr
 # ================================================================ 3b. the restart protocol, crash by crash
 # Random SIGKILLs rarely land in the few milliseconds between two durable writes. This test
 # leaves the files exactly as such a kill would (using evald's own Ledger and EventLog), then
-# starts a real evald on them. tests/test_crash_replay.py injects a crash at every state
+# starts a real evald on them. tests/unit/daemon/test_crash_replay.py injects a crash at every state
 # change in-process; this is the same protocol with the real process, files and readers.
 
 

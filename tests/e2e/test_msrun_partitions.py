@@ -31,7 +31,7 @@ from tests.faults import ledger_rows, tb_texts
 from tests.harness import PYTHON, Proc, base_env, raw_scalar_steps, run_dir, scalar_points, wait_for
 from tests.partition_worker import DATA_FACTORY, MODEL_FACTORY
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "partition_worker.py"
 VENV_BIN = REPO / ".venv" / "bin"
 if not VENV_BIN.exists():

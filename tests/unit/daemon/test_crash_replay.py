@@ -6,7 +6,7 @@ transaction and each TensorBoard record), before it or just after it, for every 
 Server on the same files finishes the job, as a restarted evald would. The MindSpore evaluator is replaced by a stand-in
 that reads and verifies the real checkpoint files and reports the mean weight as the loss: this
 layer checks the bookkeeping in milliseconds; the real evaluator is exercised, with real kills,
-in tests/test_reliability.py.
+in tests/e2e/test_reliability.py.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ def test_cleanup_keeps_the_newest_and_never_the_best(tmp_path, hook_env):
     """keep_last 2 with evald reachable (its real control publisher) naming step 1 the best and having
     released every step: the newest two are kept, and the best beside them."""
     from evald.contracts.wire import ControlState
-    from tests.test_retention import Publisher
+    from tests.unit.sinks.test_retention import Publisher
 
     net = nn.Dense(2, 2)
     ckpt = tmp_path / "ckpt"

@@ -14,7 +14,7 @@ MODULE = "plugin_metric_example"
 @pytest.fixture(autouse=True)
 def _plugin_module_importable(monkeypatch):
     """Make tests/plugin_metric_example.py importable by name, as a user's package would be."""
-    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
 
 
 def _batches():

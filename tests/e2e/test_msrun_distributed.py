@@ -30,7 +30,7 @@ zmq = pytest.importorskip("zmq")
 from evald.contracts import layout, partition  # noqa: E402
 from evald.contracts.wire import ControlState  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "msrun_worker.py"
 VENV_BIN = REPO / ".venv" / "bin"
 WORKERS = int(os.environ.get("EVALD_MSRUN_WORKERS", "4"))

@@ -1,6 +1,6 @@
 """Early stopping beyond the noise, in-process: --min-delta in standard errors, reasons that state
 the values and SEs compared, the advisory mode. The same with a real evald on real checkpoints is
-tests/test_noise_aware_stop_e2e.py."""
+tests/e2e/test_noise_aware_stop_e2e.py."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from evald.config import ConfigError, option_fields
 from tests import faults
 from tests.harness import base_env, hook_stats
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 VENV_BIN = Path(sys.executable).parent
 MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))

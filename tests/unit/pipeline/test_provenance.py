@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import queue
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -143,7 +142,7 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
     configs = {10: {"subset_size": 24}, 20: {"subset_size": 24}, 30: {"subset_size": 48}}
 
     class Pipeline:  # the evaluator's findings, as it reports them, with a config that changes at step 30
-        evaluator = SimpleNamespace(subset=SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0))
+        subset = SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0)
         blocked_reason = None
 
         def ensure_built(self, config):

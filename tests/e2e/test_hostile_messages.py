@@ -6,7 +6,7 @@ good: the end was persisted), a run_announced with no factories left the checkpo
 a process of another user stopped training at step 1 through a TCP control endpoint.
 
 Here the messages come over evald's own private ipc socket, the most trusted channel there is
-(tests/test_hostile_code.py covers TCP and other users): even from there a message is a doorbell.
+(tests/e2e/test_hostile_code.py covers TCP and other users): even from there a message is a doorbell.
 The trainer side is the real ``ControlSubscriber``/``StopAgreement`` with a publisher that is a
 process of another user (uid 65534).
 """

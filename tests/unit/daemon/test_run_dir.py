@@ -6,19 +6,15 @@ In-process with the real ledger, sink and TensorBoard reader; evald as a process
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from evald.contracts import layout
-from evald.ledger.ledger import EVALUATED, Ledger, Record
+from evald.ledger.ledger import Ledger, Record
 from evald.daemon.run_dir import RunDirError, default_logdir, open_run, runs_in
 from evald.sinks.summary_table import summary_markdown
-from evald.sinks.tensorboard import EventLog, TensorBoardSink
-from tests import faults
-from tests.harness import raw_scalar_steps, run_dir, scalar_points
+from evald.sinks.tensorboard import TensorBoardSink
+from tests.harness import scalar_points
 
 
 def tree(path: Path) -> dict[str, tuple[int, int]]:

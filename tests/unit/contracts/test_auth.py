@@ -29,7 +29,7 @@ from evald.cli import keys as key_bundles
 from evald.contracts import auth
 from evald.contracts.auth import SecurityConfig, SecurityError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 LOOPBACK = "tcp://127.0.0.1:*"
 BOUND_S = 10.0  # upper bound for things that must happen; a failing test fails, it does not hang
 FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,

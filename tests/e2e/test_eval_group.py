@@ -4,9 +4,8 @@
   1e-6, the same subset hash; here every metric, generation included, is compared);
 * a rank that dies mid-evaluation ends the group, and the step is evaluated after a restart,
   exactly once in TensorBoard; a SIGTERM ends the group cleanly after the current evaluation;
-* the parts of a split evaluation put together are bit for bit the one-device outputs (in process);
-* the group's protocol (commands, answers, exact limbs), with a thread-barrier SUM standing in
-  for MindSpore's AllReduce so that it runs in milliseconds (the real collective runs above).
+* in process (tests/unit/pipeline/test_eval_group_protocol.py): the parts put together are the
+  one-device outputs bit for bit, and the group's protocol with a stand-in collective.
 """
 
 from __future__ import annotations
@@ -15,15 +14,10 @@ import json
 import math
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from evald.files.recognise import EVALD
-from evald.pipeline.group_protocol import BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, from_limbs, to_limbs
 from tests import faults
 from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, start_trainer, wait_for
 
@@ -133,126 +127,3 @@ def test_a_sigterm_ends_the_group_after_the_current_evaluation(tmp_path, procs):
 
 
 # --- the split, in one process ------------------------------------------------------------------
-
-def test_the_parts_put_together_are_the_one_device_outputs_bit_for_bit(tmp_path):
-    pytest.importorskip("mindspore")
-    import mindspore as ms
-
-    from evald.pipeline.network import Evaluator
-    from evald.pipeline.tasks.generation import SampleGenerator
-
-    ms.set_context(mode=ms.GRAPH_MODE)
-    path = faults.commit(tmp_path / "ckpt", 10)
-    entry_kind = EVALD  # evald's own layout, as the ledger records it
-
-    def evaluator(part):
-        return Evaluator(task="lm", model=faults.MODEL_FACTORY, data=faults.DATA_FACTORY, subset_size=40,
-                         subset_seed=3, batch_size=16, generation=SampleGenerator(prompts=3, new_tokens=6), part=part)
-    whole = evaluator((0, 1))
-    single = whole.evaluate(path, entry_kind)
-    parts = [evaluator((rank, 3)) for rank in range(3)]  # 3 batches (16, 16, 8 real rows): one each
-    answers = [p.evaluate_part(path, entry_kind) for p in parts]
-    summed = {name: sum(a.arrays[name] for a in answers) for name in whole.layout}
-    full = whole.evaluate_part(path, entry_kind).arrays
-    # every rank proved its own swap, of the same weights
-    assert {a.provenance["weights_sha256"] for a in answers} == {single.provenance["weights_sha256"]}
-    for name in whole.layout:
-        assert np.array_equal(summed[name], full[name]), name
-    metrics, texts = whole.metrics_of(summed)
-    assert metrics == single.metrics and texts == single.texts
-
-
-# --- the protocol, with a thread-barrier SUM standing in for AllReduce --------------------------
-
-class ThreadSum:
-    """A blocking SUM over N threads: every rank must arrive before any rank gets the result."""
-
-    def __init__(self, size: int) -> None:
-        self.size, self.inputs = size, {}
-        self.barrier = threading.Barrier(size, action=self._sum, timeout=20)
-
-    def _sum(self) -> None:
-        self.total = sum(self.inputs.values())
-
-    def for_rank(self, rank: int):
-        def reduce_sum(vector: np.ndarray) -> np.ndarray:
-            self.inputs[rank] = np.asarray(vector, np.float32).copy()
-            self.barrier.wait()
-            result = self.total.copy()
-            self.barrier.wait()  # nobody starts the next SUM before everyone read this one
-            return result
-        return reduce_sum
-
-
-def run_ranks(size: int, body) -> list:
-    summer, results, errors = ThreadSum(size), [None] * size, []
-
-    def run(rank: int) -> None:
-        try:
-            results[rank] = body(Group(rank, size, summer.for_rank(rank)))
-        except Exception as exc:  # surfaced below
-            errors.append(exc)
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    assert not errors, errors
-    return results
-
-
-@pytest.mark.parametrize("array", [np.array([1.5, -0.0, np.nan, np.inf, -1e-300, 1 / 3]),
-                                   np.array([-(2**63), 2**63 - 1, 0, 7], dtype=np.int64),
-                                   np.arange(7, dtype=np.uint8), np.zeros((0, 3))])
-def test_limbs_carry_any_array_exactly(array):
-    back = from_limbs(to_limbs(array), array.dtype, array.shape)
-    assert back.dtype == array.dtype and back.tobytes() == array.tobytes()
-
-
-def test_commands_reach_every_rank_and_answers_combine_disjoint_rows_exactly():
-    layout = {"nll": ((5,), np.dtype(np.float64)), "tokens": ((5, 2), np.dtype(np.int64))}
-    rows = {0: [0, 3], 1: [1, 4], 2: [2]}
-    expected_nll = np.array([1 / 3, math.pi, -2.5e-8, 1e300, -0.0])
-
-    def body(group: Group):
-        if group.rank == 0:
-            group.command(NOOP)
-            group.command(EVALUATE, {"path": "/ckpt/step_1", "kind": "evald"})
-            received = (EVALUATE, {"path": "/ckpt/step_1", "kind": "evald"})
-        else:
-            assert group.receive() == (NOOP, None)
-            received = group.receive()
-        mine = rows[group.rank]
-        arrays = {"nll": np.zeros(5), "tokens": np.zeros((5, 2), np.int64)}
-        arrays["nll"][mine] = expected_nll[mine]
-        arrays["tokens"][mine] = np.array(mine)[:, None] * 10 + 1
-        code = DELETED if group.rank == 2 else OK
-        statuses, combined = group.answer(code, f"rank {group.rank} says ü", arrays, layout)
-        if group.rank == 0:
-            group.close()
-        else:
-            assert group.receive() == (EXIT, None)
-        return received, statuses, combined
-
-    for received, statuses, combined in run_ranks(3, body):
-        assert received == (EVALUATE, {"path": "/ckpt/step_1", "kind": "evald"})
-        assert statuses == [(OK, "rank 0 says ü"), (OK, "rank 1 says ü"), (DELETED, "rank 2 says ü")]
-        rows_2 = [0, 1, 3, 4]  # rank 2 failed: its row stays zero, the others are exact
-        assert combined["nll"][rows_2].tobytes() == expected_nll[rows_2].tobytes() and combined["nll"][2] == 0
-        assert combined["tokens"][:, 0].tolist() == [1, 11, 0, 31, 41]
-
-
-def test_rank_0_owes_no_exit_while_an_answer_is_due_and_heartbeats_only_when_idle(monkeypatch):
-    sent = []
-    group = Group(0, 2, reduce_sum=lambda v: np.asarray(v, np.float32))
-    monkeypatch.setattr(group, "_exchange_command", lambda op, data: sent.append(op) or (op, data))
-    group.heartbeat()
-    assert sent == []  # just made: not idle long enough
-    group._last = time.monotonic() - 60
-    group.heartbeat()
-    assert sent == [NOOP]
-    group.command(BUILD, {"task": "lm"})
-    group._last = time.monotonic() - 60
-    group.heartbeat()
-    group.close()  # an answer is owed: sending EXIT now would mismatch the other ranks' collective
-    assert sent == [NOOP, BUILD] and group.closed

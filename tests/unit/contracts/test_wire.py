@@ -211,7 +211,7 @@ def test_stripping_strings_stays_linear_for_an_unterminated_string_of_escaped_qu
     code = ("from evald.contracts import wire\n"
             "frame = ('{\"v\":1,\"type\":\"run_finished\",\"reason\":\"' + '[{\\\\\"' * 300000)[:1 << 20].encode()\n"
             "try:\n    wire.decode(frame)\nexcept wire.ProtocolError as exc:\n    print(exc.reason)\n")
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[3]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(repo)})
     assert done.stdout.strip() == "not_json", done.stderr

@@ -1,4 +1,4 @@
-"""The ledger in-process: one transaction per state change, the outbox, recovery and migration."""
+"""The ledger in-process: one transaction per state change, the outbox and recovery."""
 
 from __future__ import annotations
 
@@ -93,30 +93,3 @@ def test_recovery_requeues_interrupted_steps_and_gives_up_after_max_attempts(led
     assert ledger.step(20).state == FAILED and "interrupted 3 times" in ledger.step(20).reason
     [text] = [dict(r.texts)["evald/skipped"] for r in ledger.pending_records()]
     assert text == f"failed: step_000000020: {ledger.step(20).reason}"
-
-
-def test_a_version_1_ledger_is_migrated(tmp_path):
-    path = tmp_path / "ledger.sqlite"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE checkpoints (key TEXT PRIMARY KEY, step INTEGER NOT NULL, kind TEXT NOT NULL, "
-               "path TEXT NOT NULL, state TEXT NOT NULL, reason TEXT, source TEXT NOT NULL, run_id TEXT, "
-               "commit_time REAL, seen_at REAL NOT NULL, queued_at REAL, started_at REAL, finished_at REAL, "
-               "attempts INTEGER NOT NULL DEFAULT 0, metrics TEXT)")
-    db.execute("CREATE TABLE kv (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    rows = [("step_000000010", 10, "evald", "evaluated", '{"eval/loss": 3.0}'),
-            ("run-1_10.ckpt", 10, "foreign", "evaluated", '{"eval/loss": 3.1}'),  # the old duplicate
-            ("step_000000020", 20, "evald", "seen", None),
-            ("junk.ckpt", -1, "foreign", "failed", None)]
-    for key, step, kind, state, metrics in rows:
-        db.execute("INSERT INTO checkpoints(key, step, kind, path, state, source, seen_at, metrics) "
-                   "VALUES (?,?,?,?,?,?,?,?)", (key, step, kind, "/x/" + key, state, "rescan", 1.0, metrics))
-    db.commit()
-    db.close()
-    ledger = Ledger(path)
-    # one row per step: the evald-layout file wins, as it does in intake
-    assert [(s.step, s.state, s.source) for s in ledger.steps()] == [(10, EVALUATED, "step_000000010"),
-                                                                      (20, QUEUED, "step_000000020")]
-    statuses = {n: st for n, _, st, _ in ledger.files()}
-    assert statuses["junk.ckpt"] == REJECTED and sorted(statuses.values()).count(DUPLICATE) == 1
-    ledger.close()
-    Ledger(path).close()  # opening it again is a no-op
