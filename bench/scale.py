@@ -316,7 +316,7 @@ def _n(count: int, what: str) -> str:
 
 def _verdict(ratio: float, goal: float, floor_erratic: bool) -> str:
     if ratio > goal:
-        return "**no**"
+        return "**no** (against an erratic floor)" if floor_erratic else "**no**"
     return "not shown: erratic floor" if floor_erratic else "yes"
 
 
