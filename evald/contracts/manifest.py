@@ -106,7 +106,8 @@ class Manifest:
         return self.files[0]
 
     def to_json(self) -> str:
-        data = {k: v for k, v in asdict(self).items() if k not in ("files", "params", "hash_algorithm", "hash_version", "parts")}
+        data = {k: v for k, v in asdict(self).items()
+                if k not in ("files", "params", "hash_algorithm", "hash_version", "parts")}
         if self.layout_version == 1:
             data.update(weights_file=self.weights_file, weights_bytes=self.weights_bytes,
                         weights_sha256=self.weights_sha256,
@@ -195,7 +196,7 @@ def _refuse_partitioned(data: Mapping, source: str) -> None:
 def _check(manifest: Manifest, source: str) -> None:
     """Names safe and unique, digests well-formed, every parameter inside its file."""
     problems = []
-    digest_len = integrity.lookup(manifest.hash_algorithm, manifest.hash_version, source).hex_digits
+    digest_len = integrity.CHECKS[(manifest.hash_algorithm, manifest.hash_version)].hex_digits  # from_json checked it
     sizes = {}
     for f in manifest.files:
         if not _SAFE_FILE_NAME.match(f.name) or f.name == MANIFEST_FILE:
