@@ -1,9 +1,9 @@
-"""Which integrity hash: hashlib's algorithms (and zlib.crc32 for scale) on this machine.
+"""Which integrity check: xxHash's xxh3 (the xxhash package) and hashlib's algorithms (zlib.crc32 for scale).
 
     .venv/bin/python -m bench.hashes [--mib 256]
 
 Hashes the same in-memory bytes in 4 MiB updates, on one thread and on one thread per
-core at once (hashlib releases the GIL), best of 3; prints GB/s next to a memcpy of the
+core at once (hashlib and xxhash release the GIL), best of 3; prints GB/s next to a memcpy of the
 same bytes. The choice and its reasons are in docs/performance.md.
 """
 
@@ -18,10 +18,18 @@ import zlib
 
 import numpy as np
 
-ALGORITHMS = ("sha256", "sha1", "blake2b", "sha512", "md5", "blake2s", "sha3_256", "crc32 (zlib)")
+ALGORITHMS = ("xxh3-128 (xxhash)", "xxh3-64 (xxhash)", "sha256", "sha1", "blake2b", "sha512", "md5", "blake2s", "sha3_256", "crc32 (zlib)")
 
 
 def _one(name: str, data: memoryview, chunk: int = 4 << 20) -> None:
+    if name.startswith("xxh3"):
+        import xxhash
+
+        digest = xxhash.xxh3_128() if name == "xxh3-128" else xxhash.xxh3_64()
+        for i in range(0, len(data), chunk):
+            digest.update(data[i:i + chunk])
+        digest.digest()
+        return
     if name.startswith("crc32"):
         crc = 0
         for i in range(0, len(data), chunk):

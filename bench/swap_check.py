@@ -4,7 +4,7 @@
 
 For each size and parameter count, one network compiled in Graph mode (like bench/scale.py)
 and one committed checkpoint; each repetition swaps the checkpoint in (``NetworkWeights.load``,
-page cache hot: reads, verifies the sha256 of every file on the same pass) and then runs the
+page cache hot: reads, verifies the digest of every file on the same pass, xxh3-128 by default) and then runs the
 check in both modes on the same live memory, side by side. Prints medians and the check's cost
 as a fraction of the swap.
 """

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from evald.contracts import layout
+from evald.contracts import integrity, layout
 from evald.contracts.auth import SecurityConfig
 from evald.contracts.wire import (
     CheckpointCommitted,
@@ -110,6 +110,9 @@ class EvaldHook:
             (pipeline stages): it writes exactly those.
         tensor_layouts: ``{name: {"dev_matrix", "tensor_map"}}`` of tensor-parallel slices, or a cell whose
             ``parameter_layout_dict`` has them (default: ``network``'s); untested on a real sharded job.
+        hash_algorithm: each snapshot file's integrity check, ``"xxh3-128"`` (fast, against corruption) or
+            ``"sha256"`` (cryptographic); default ``$EVALD_HASH`` or ``"xxh3-128"``. evald reads either
+            (docs/checkpoint-layout.md, "MANIFEST.json"; docs/security.md).
 
     Returns:
         ``step_end`` returns True when every rank has agreed to stop at this step: leave the loop.
@@ -155,6 +158,7 @@ class EvaldHook:
         max_bytes: int | None = None,
         holds: Iterable[str] | Callable[[str], bool] | None = None,
         tensor_layouts: Any = None,
+        hash_algorithm: str | None = None,
     ) -> None:
         self.every_n_steps = max(1, int(every_n_steps))
         self.network = network
@@ -175,6 +179,8 @@ class EvaldHook:
             reduce_sum, self.rank, self.world_size, self.writers,
             f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}")
         self.ckpt_dir = Path(ckpt_dir).resolve()
+        # A misspelt check is the caller's error, raised here (before any thread), not a silent default.
+        self.hash_algorithm = integrity.for_writing(hash_algorithm or os.environ.get("EVALD_HASH") or None).algorithm
         self.endpoint = endpoint or default_endpoint()
         self.control_endpoint = control_endpoint or default_control_endpoint()
 
@@ -198,6 +204,7 @@ class EvaldHook:
                                         control_endpoint=self.control_endpoint, run_id=self.run_id,
                                         security=security) if keep_last or max_bytes else None,
                     planner=planner(self.rank, self.writers, holds, tensor_layouts),
+                    hash_algorithm=self.hash_algorithm,
                 )
                 if network is not None:
                     self.writer.prepare(network, optimizer)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from evald.contracts import layout
+from evald.contracts import integrity, layout
 from evald.contracts.partition import PART_DIR_PATTERN, parse_part_dir_name
 from trainer_hooks.host_copy import HostBuffers, host_copy_of_weights
 from trainer_hooks.partition_plan import PartitionPlan
@@ -68,8 +68,11 @@ class SnapshotWriter:
         retention: Retention | None = None,
         partition: PartitionPlan | None = None,
         planner: Callable[[Any, Any], PartitionPlan | None] | None = None,
+        hash_algorithm: str = layout.HASH_ALGORITHM,
     ) -> None:
         self.ckpt_dir = Path(ckpt_dir)
+        # Each file's integrity check (evald.contracts.integrity); an unknown one is refused here, not later.
+        self.hash_algorithm = integrity.for_writing(hash_algorithm).algorithm
         # This rank's part of each snapshot (None: whole snapshots), or how to plan it once the network is known.
         self.partition = partition
         self._planner = planner
@@ -263,7 +266,7 @@ class SnapshotWriter:
             self.ckpt_dir, job.step, weights, run_id=self.run_id, epoch=job.epoch,
             resume=job.resume, producer=self._producer, shard_bytes=self._shard_bytes,
             threads=self._threads, part=self.partition and self.partition.part,
-            slices=self.partition and self.partition.slices,
+            slices=self.partition and self.partition.slices, hash_algorithm=self.hash_algorithm,
         )
         self.written += 1
         self.last_committed = job.step

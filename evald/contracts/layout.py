@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from evald.contracts import parallel_io, partition
+from evald.contracts import integrity, parallel_io, partition
 from evald.contracts import safetensors_io as sio
 from evald.contracts import small_files
 from evald.contracts.manifest import (  # noqa: F401  (public names of the layout contract)
@@ -121,6 +121,7 @@ def write_checkpoint(
     threads: int | None = None,
     part: partition.PartInfo | None = None,
     slices: Mapping[str, partition.SliceSpec] | None = None,
+    hash_algorithm: str = HASH_ALGORITHM,
 ) -> Path:
     """Commit ``weights`` (host numpy arrays) as checkpoint ``step``, or as ``part`` of it; return its directory.
 
@@ -128,7 +129,9 @@ def write_checkpoint(
     the first); OSError on IO failure (the temp directory is removed). ``before_commit``
     is a test seam run on the complete temp directory just before the rename. A part (layout version 3)
     lists in ``slices`` the parameters it holds only a region of (evald.contracts.partition).
+    ``hash_algorithm``: each file's integrity check (evald.contracts.integrity: ``xxh3-128`` or ``sha256``).
     """
+    check = integrity.for_writing(hash_algorithm)  # an unknown name is refused before anything is written
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / (partition.part_dir_name(step, part.index, part.count) if part else step_dir_name(step))
     if final.exists():
@@ -137,7 +140,7 @@ def write_checkpoint(
     tmp = ckpt_dir / f".{final.name}.tmp-{secrets.token_hex(6)}"
     tmp.mkdir(parents=True)
     try:
-        written = parallel_io.write_files(tmp, plan, HASH_ALGORITHM, threads)
+        written = parallel_io.write_files(tmp, plan, check.algorithm, threads)
         order = {name: i for i, name in enumerate(weights)}
         manifest = Manifest(
             run_id=run_id,
@@ -151,6 +154,8 @@ def write_checkpoint(
             producer=dict(producer or {}),
             layout_version=partition.PARTS_LAYOUT_VERSION if part else LAYOUT_VERSION,
             parts=part,
+            hash_algorithm=check.algorithm,
+            hash_version=check.version,
         )
         manifest_path = tmp / MANIFEST_FILE
         with open(manifest_path, "w", encoding="utf-8") as f:

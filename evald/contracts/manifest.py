@@ -3,10 +3,12 @@
 Part of the layout contract; import these names from evald.contracts.layout.
 Documented in docs/checkpoint-layout.md. Version 2 lists every weights file
 (name, bytes, digest) and, for every parameter, its file, dtype, shape and
-absolute byte offset. Version 1 (one ``weights.safetensors`` with
-``weights_sha256``) is still read. Everything is validated here, once, before
-any weights file is opened: a file name cannot leave the checkpoint directory,
-no parameter can reach past its file's declared size.
+absolute byte offset, and names its integrity check and that check's version
+(evald.contracts.integrity: xxh3-128 by default, or sha256). Version 1 (one
+``weights.safetensors`` with ``weights_sha256``) is still read. Everything is
+validated here, once, before any weights file is opened: a known integrity check,
+a file name cannot leave the checkpoint directory, no parameter can reach past
+its file's declared size.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from evald.contracts import manifest_fields
+from evald.contracts import integrity, manifest_fields
 from evald.contracts import safetensors_io as sio
 from evald.contracts.partition import PARTS_LAYOUT_VERSION, PartInfo, PartitionError, SliceSpec
 
@@ -26,8 +28,8 @@ LAYOUT_VERSION = 2                  # a whole snapshot; a part of a partitioned 
 READABLE_VERSIONS = (1, 2, PARTS_LAYOUT_VERSION)
 MANIFEST_FILE = "MANIFEST.json"
 WEIGHTS_FILE = "weights.safetensors"
-HASH_ALGORITHM = "sha256"   # why: docs/performance.md ("Integrity check")
-HASH_VERSION = 1            # 1: one digest per file, of all its bytes in order
+HASH_ALGORITHM = integrity.DEFAULT          # what a writer uses unless told; why: docs/performance.md
+HASH_VERSION = integrity.WRITTEN_VERSION    # 1: one digest per file, of all its bytes in order
 # Keys of a part of a partitioned snapshot (evald.contracts.partition): only version 3 has them.
 PARTITION_KEYS = ("parts",), ("slice", "global_shape"), ("rank",)
 _SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
@@ -82,6 +84,7 @@ class Manifest:
     hash_algorithm: str = HASH_ALGORITHM
     layout_version: int = LAYOUT_VERSION
     parts: PartInfo | None = None   # version 3: which part of the snapshot this is
+    hash_version: int = HASH_VERSION  # of ``hash_algorithm`` (evald.contracts.integrity)
 
     # Version-1 names, for callers that predate several files.
     @property
@@ -103,13 +106,14 @@ class Manifest:
         return self.files[0]
 
     def to_json(self) -> str:
-        data = {k: v for k, v in asdict(self).items() if k not in ("files", "params", "hash_algorithm", "parts")}
+        data = {k: v for k, v in asdict(self).items()
+                if k not in ("files", "params", "hash_algorithm", "hash_version", "parts")}
         if self.layout_version == 1:
             data.update(weights_file=self.weights_file, weights_bytes=self.weights_bytes,
                         weights_sha256=self.weights_sha256,
                         params=[{"name": p.name, "shape": list(p.shape), "dtype": p.dtype} for p in self.params])
         else:
-            data["hash"] = {"algorithm": self.hash_algorithm, "version": HASH_VERSION}
+            data["hash"] = {"algorithm": self.hash_algorithm, "version": self.hash_version}
             data["files"] = [{"name": f.name, "bytes": f.bytes, "digest": f.digest} for f in self.files]
             data["params"] = [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "file": p.file,
                                "offset": p.offset, **(p.sliced.to_json() if p.sliced else {})}
@@ -134,16 +138,17 @@ class Manifest:
                 _refuse_partitioned(data, source)
             manifest_fields.check(data, version)  # every value within bounds before it is used
             if version == 1:
-                algorithm = "sha256"
+                algorithm, hash_version = "sha256", 1
                 files = (FileSpec(str(data["weights_file"]), int(data["weights_bytes"]),
                                   str(data["weights_sha256"])),)
                 params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), files[0].name)
                                for p in data["params"])
             else:
-                algorithm, hash_version = str(data["hash"]["algorithm"]), data["hash"]["version"]
-                if algorithm not in sio.HASHES or hash_version != HASH_VERSION:
-                    raise LayoutError(f"{source}: integrity hash {algorithm!r} version {hash_version!r} is "
-                                      f"not one this evald checks; upgrade evald")
+                algorithm, hash_version = data["hash"]["algorithm"], data["hash"]["version"]
+                try:  # the one place a manifest's check is judged: before any weights file is opened
+                    integrity.lookup(algorithm, hash_version, source)
+                except integrity.UnknownCheck as exc:
+                    raise LayoutError(str(exc)) from exc
                 files = tuple(FileSpec(str(f["name"]), int(f["bytes"]), str(f["digest"]),
                                        None if f.get("rank") is None else int(f["rank"])) for f in data["files"])
                 params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), str(p["file"]),
@@ -158,6 +163,7 @@ class Manifest:
                 resume=ResumeInfo(**data.get("resume") or {}),
                 producer=dict(data.get("producer") or {}),
                 hash_algorithm=algorithm,
+                hash_version=hash_version,
                 layout_version=int(version),
                 parts=PartInfo.from_json(data["parts"]) if version == PARTS_LAYOUT_VERSION else None,
             )
@@ -190,7 +196,7 @@ def _refuse_partitioned(data: Mapping, source: str) -> None:
 def _check(manifest: Manifest, source: str) -> None:
     """Names safe and unique, digests well-formed, every parameter inside its file."""
     problems = []
-    digest_len = 2 * sio.HASHES[manifest.hash_algorithm]().digest_size
+    digest_len = integrity.CHECKS[(manifest.hash_algorithm, manifest.hash_version)].hex_digits  # from_json checked it
     sizes = {}
     for f in manifest.files:
         if not _SAFE_FILE_NAME.match(f.name) or f.name == MANIFEST_FILE:

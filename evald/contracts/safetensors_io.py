@@ -17,7 +17,6 @@ the safetensors package is imported.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import math
 import os
@@ -29,7 +28,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-HASHES: dict[str, Callable[[], "hashlib._Hash"]] = {"sha256": hashlib.sha256}
+from evald.contracts import integrity
+
+# The integrity checks by name (version 1 of each; evald.contracts.integrity): a fresh hasher each call.
+HASHES: dict[str, Callable[[], object]] = {c.algorithm: c.new for c in integrity.CHECKS.values() if c.version == 1}
 CHUNK_BYTES = 4 << 20          # hashed while still in the CPU cache after its read/write
 MAX_HEADER_BYTES = 100 << 20   # the safetensors reference implementation's limit too
 _TO_SAFETENSORS = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",

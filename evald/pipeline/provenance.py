@@ -4,7 +4,8 @@ Every evaluation records (in the ledger's ``provenance`` table and as the Tensor
 ``evald/provenance`` at its step):
 
 * ``weights_sha256``: for an evald-layout checkpoint, the sha256 of the manifest's per-file
-  digests (each verified while the file was read, so it costs nothing); for a foreign file, the
+  digests, each named with its check (xxh3-128 or sha256; each verified while the file was read,
+  so it costs nothing; as strong as that check: docs/security.md); for a foreign file, the
   sha256 of the parameters as MindSpore loaded them;
 * ``run_id``, ``step`` and ``source`` (the file the step was read from);
 * ``subset_sha256``: the fixed subset's indices (evald.pipeline.subset);

@@ -1,6 +1,6 @@
 """Proof of a hot swap: after the swap, the network's parameters hold exactly the checkpoint's weights.
 
-The read already verified each file against the manifest's sha256 as its bytes went into the
+The read already verified each file against the manifest's digest as its bytes went into the
 parameters' memory (evald.pipeline.hot_swap). What that cannot see is anything after or around the read:
 a parameter that was not written (left from the previous checkpoint), a name mapped to the wrong
 parameter, a ``set_data`` that did not take, a conversion that went wrong. So the live parameter
@@ -10,7 +10,7 @@ memory (``Parameter.asnumpy()``, fetched afresh) is compared with the checkpoint
   elements (always the first and the last element, the rest at positions seeded by the step and
   the name) are compared with the same elements read back from the file (``os.pread``); a few
   kilobytes per parameter, whatever the model's size;
-* ``full``: every file's sha256 is recomputed over its header and the live memory of its
+* ``full``: every file's digest (the manifest's check) is recomputed over its header and the live memory of its
   tensors, in file order, and compared with the manifest's digest: the network holds exactly
   the bytes the trainer committed. Costs one hash pass over the weights (bench/swap_check.py);
 * ``off``.
@@ -126,7 +126,8 @@ def parts_digest(parts: PartsRead) -> tuple[str, str]:
     """``weights_digest`` of a partitioned step: over every part's verified file digests, in part order."""
     listing = "\n".join(f"{path.name}/{f.name} {m.hash_algorithm}:{f.digest}" for path, m in parts.members
                         for f in m.files)
-    return hashlib.sha256(listing.encode()).hexdigest(), "sha256 of every part's verified file digests"
+    checks = "/".join(dict.fromkeys(m.hash_algorithm for _, m in parts.members))
+    return hashlib.sha256(listing.encode()).hexdigest(), f"sha256 of every part's verified {checks} file digests"
 
 
 def _host_view(param) -> np.ndarray | None:
@@ -248,7 +249,8 @@ def weights_digest(manifest: layout.Manifest | None, loaded: Mapping[str, np.nda
     """(digest, what it is a digest of) identifying the weights that were evaluated."""
     if manifest is not None:
         listing = "\n".join(f"{f.name} {manifest.hash_algorithm}:{f.digest}" for f in manifest.files)
-        return hashlib.sha256(listing.encode()).hexdigest(), "sha256 of the manifest's verified file digests"
+        return (hashlib.sha256(listing.encode()).hexdigest(),
+                f"sha256 of the manifest's verified {manifest.hash_algorithm} file digests")
     hasher = hashlib.sha256()
     for name in sorted(loaded or {}):
         array = np.ascontiguousarray(loaded[name])  # type: ignore[index]

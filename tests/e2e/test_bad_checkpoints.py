@@ -2,7 +2,7 @@
 under ``evald/skipped`` at its step, starting "failed: " or "deleted before evaluation: ") and
 evald goes on to the next one.
 
-evald-layout checkpoints are corrupted AFTER their commit (the manifest's sizes and sha256
+evald-layout checkpoints are corrupted AFTER their commit (the manifest's sizes and digests
 catch it); foreign ``.ckpt`` files are truncated, emptied or replaced by garbage; one
 checkpoint is deleted after evald queued it but before it got to it (evald starts with no
 factories, so everything waits, and learns them from RUN.json once step 70 is gone). A file
@@ -21,8 +21,8 @@ from tests.harness import raw_scalar_steps, run_dir, scalar_points, wait_for
 EXPECTED = {
     layout.step_dir_name(10): ("failed", ["bytes on disk but the manifest says", "truncated"]),
     layout.step_dir_name(20): ("failed", ["0 bytes on disk"]),
-    layout.step_dir_name(30): ("failed", ["sha256", "does not match"]),
-    layout.step_dir_name(40): ("failed", ["sha256", "bit flip"]),
+    layout.step_dir_name(30): ("failed", ["xxh3-128", "does not match"]),
+    layout.step_dir_name(40): ("failed", ["xxh3-128", "bit flip"]),
     layout.step_dir_name(50): ("failed", ["shape mismatch", "head.weight"]),
     layout.step_dir_name(60): ("failed", ["missing parameters", "ln_f.gamma"]),
     layout.step_dir_name(65): ("failed", ["unexpected parameters", "extra.weight"]),

@@ -64,7 +64,7 @@ def test_every_kind_of_skip_is_one_text_at_its_own_step(tmp_path, procs):
     for step, start in expected.items():
         [text] = skips[step]                                   # exactly one text
         assert text.startswith(start), (step, text)
-    assert "sha256" in skips[40][0] and "deleted before it could be evaluated" in skips[60][0]
+    assert "xxh3-128" in skips[40][0] and "deleted before it could be evaluated" in skips[60][0]
     assert not set(losses) & set(skips)                                        # never both at one step
     assert sorted(set(losses) | set(skips)) == steps and sorted(lags) == steps   # every committed step
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import numpy as np
 import pytest
+import xxhash
 
 from evald.contracts import layout
 
@@ -24,13 +24,13 @@ def test_commit_writes_manifest_last_and_round_trips(tmp_path):
     assert path.name == "step_000000100"
     manifest = layout.read_manifest(path)
     assert (manifest.run_id, manifest.step, manifest.epoch) == ("r1", 100, 2)
-    assert manifest.layout_version == 2 and manifest.hash_algorithm == "sha256"
+    assert manifest.layout_version == 2 and manifest.hash_algorithm == "xxh3-128"
     assert manifest.resume == layout.ResumeInfo(1e-3, 1024.0, 7, 1600)
     assert {p.name: (p.shape, p.dtype) for p in manifest.params} == {
         "a.weight": ((4, 3), "float32"), "b": ((5,), "int32")}
     [spec] = manifest.files
     data = (path / layout.WEIGHTS_FILE).read_bytes()
-    assert (spec.name, spec.bytes, spec.digest) == (layout.WEIGHTS_FILE, len(data), hashlib.sha256(data).hexdigest())
+    assert (spec.name, spec.bytes, spec.digest) == (layout.WEIGHTS_FILE, len(data), xxhash.xxh3_128(data).hexdigest())
     assert layout.Manifest.from_json(manifest.to_json()) == manifest
     assert layout.list_committed(tmp_path) == [(100, path)]
 
@@ -75,7 +75,7 @@ def test_verification_catches_truncation_and_bit_flips(tmp_path):
     data = bytearray((path / layout.WEIGHTS_FILE).read_bytes())
     data[-3] ^= 0x01
     (path / layout.WEIGHTS_FILE).write_bytes(bytes(data))
-    with pytest.raises(layout.LayoutError, match="sha256 .* does not match .*bit flip"):
+    with pytest.raises(layout.LayoutError, match="xxh3-128 .* does not match .*bit flip"):
         layout.read_checkpoint(path, manifest)
     (path / layout.WEIGHTS_FILE).write_bytes(bytes(data[:10]))
     with pytest.raises(layout.LayoutError, match="truncated"):

@@ -121,7 +121,7 @@ def test_a_corrupt_file_marks_the_network_invalid_until_a_good_load(tmp_path, to
     data = bytearray(target.read_bytes())
     data[-1] ^= 0x40
     target.write_bytes(bytes(data))
-    with pytest.raises(layout.LayoutError, match=f"{target.name}: sha256"):
+    with pytest.raises(layout.LayoutError, match=f"{target.name}: xxh3-128"):
         swap.load(bad, manifest)
     assert not swap.valid
     good = layout.write_checkpoint(tmp_path, 2, b, run_id="r", shard_bytes=20_000)
