@@ -89,13 +89,18 @@ class PairedComparison:
         return 1.0 - self.alpha
 
     def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in ("metric", "n", "value_a", "value_b", "difference", "se", "ci_low",
-                                             "ci_high", "alpha", "power", "mde", "resamples", "seed")}
+        out = {k: _finite_or_none(getattr(self, k)) for k in (
+            "metric", "n", "value_a", "value_b", "difference", "se", "ci_low", "ci_high", "alpha", "power", "mde",
+            "resamples", "seed")}  # strict JSON: an SE of one document (nan) is null
         out["confidence"] = self.confidence
         out["mcnemar"] = None if self.mcnemar is None else {
             "a_only": self.mcnemar.a_only, "b_only": self.mcnemar.b_only, "p_exact": self.mcnemar.p_exact,
             "p_mid": self.mcnemar.p_mid}
         return out
+
+
+def _finite_or_none(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 @dataclass(frozen=True)

@@ -112,3 +112,11 @@ def test_inputs_that_cannot_be_paired_are_refused_with_the_reason():
         compare("acc", np.zeros(0), np.zeros(0))
     with pytest.raises(PairedError, match="alpha and power"):
         compare("acc", np.zeros(3), np.zeros(3), alpha=0)
+
+
+def test_one_document_has_no_spread_and_its_json_stays_strict():
+    import json
+
+    result = compare("acc", np.array([0.0]), np.array([1.0]), resamples=10)
+    assert result.difference == 1.0 and math.isnan(result.se) and math.isnan(result.mde)
+    assert json.loads(json.dumps(result.to_json(), allow_nan=False))["se"] is None
