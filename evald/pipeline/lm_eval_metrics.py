@@ -1,6 +1,6 @@
 """The metric names each lm-eval task of a suite reports, as its per-sample outputs and TensorBoard
-tags name them: ``acc`` for lm-eval's ``acc,none`` (filter ``none``), ``exact_match,strict-match``
-for a filtered one. They feed the start-up check of ``--monitor SUITE/TASK/METRIC``
+tags name them: ``acc`` for lm-eval's ``acc,none`` (filter ``none``), ``exact_match@strict-match``
+for a filtered one (the names ``pipeline/suites.py`` gives lm-eval's aggregates). They feed the start-up check of ``--monitor SUITE/TASK/METRIC``
 (``decisions/monitor_targets.py``)::
 
     loaded = TaskManager(include_path=...).load(suite.tasks)
@@ -19,7 +19,7 @@ from typing import Any, Mapping
 def metric_names(task: Any) -> list[str]:
     """One lm-eval task's metrics, each once per filter (``none`` is left out of the name)."""
     filters = [f["name"] for f in (task.config.filter_list or []) if isinstance(f, dict) and "name" in f] or ["none"]
-    return [m if f == "none" else f"{m},{f}" for f in filters for m in task.aggregation()]
+    return [m if f in ("", "none") else f"{m}@{f}" for f in filters for m in task.aggregation()]
 
 
 def task_metric_names(tasks: Mapping[str, Any]) -> dict[str, list[str]]:

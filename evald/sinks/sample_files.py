@@ -7,6 +7,7 @@ The files, per (step, suite, task), written beside the run's other state::
         {"doc_id": int, "target": str, "resps": [...], "metrics": {"acc": 0 or 1, ...}}
     RUN_DIR/samples/SUITE/TASK/step_<STEP>.<IDENTITY12>.json       the sidecar:
         {"identity": {...}, "identity_hash": "<64 hex>", "metrics": {"acc": x, "acc_stderr": y, ...}}
+        (the hash may be named "identity_sha256" instead)
 
 ``IDENTITY12`` is the first 12 hex digits of the suite identity's hash. One step may have
 several identities (the suite or the tokenizer changed); the newest sidecar (by modification
@@ -147,7 +148,9 @@ def read_sidecar(file: SampleFile) -> Sidecar:
         raise SampleFileError(f"{path} is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise SampleFileError(f"{path}: a sidecar is a JSON object, got {type(data).__name__}")
-    identity, digest, metrics = data.get("identity"), data.get("identity_hash"), data.get("metrics")
+    # "identity_hash" in the contract; "identity_sha256" as evald/ledger/samples.py (h17a-bench) writes it
+    identity, metrics = data.get("identity"), data.get("metrics")
+    digest = data.get("identity_hash", data.get("identity_sha256"))
     if not isinstance(identity, dict):
         raise SampleFileError(f"{path}: 'identity' must be an object, got {type(identity).__name__}")
     if not isinstance(digest, str) or not _HASH.fullmatch(digest):

@@ -35,10 +35,10 @@ def test_real_lm_eval_tasks_name_their_metrics_and_a_monitor_outside_them_is_ref
 
     loaded = TaskManager(include_path=str(_tasks(tmp_path))).load(["tiny_mc", "tiny_gen"])
     names = task_metric_names(loaded["tasks"])
-    assert names == {"tiny_mc": ["acc", "acc_norm"], "tiny_gen": ["exact_match,strict-match"]}
+    assert names == {"tiny_mc": ["acc", "acc_norm"], "tiny_gen": ["exact_match@strict-match"]}
     suites = {"fast": names}
     assert known_monitor_targets(suites) == {"fast/tiny_mc/acc", "fast/tiny_mc/acc_norm",
-                                             "fast/tiny_gen/exact_match,strict-match"}
+                                             "fast/tiny_gen/exact_match@strict-match"}
     check_suite_monitor("fast/tiny_mc/acc_norm", suites)
-    with pytest.raises(MonitorError, match="did you mean fast/tiny_gen/exact_match,strict-match"):
+    with pytest.raises(MonitorError, match="did you mean fast/tiny_gen/exact_match@strict-match"):
         check_suite_monitor("fast/tiny_gen/exact_match", suites)

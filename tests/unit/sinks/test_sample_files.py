@@ -129,3 +129,12 @@ def test_the_paired_se_of_a_suite_monitor_comes_from_both_steps_documents(tmp_pa
     broken.write_bytes(b"garbage")
     bad = paired_se_of_monitor(tmp_path, "fast/hellaswag/acc_norm", 20, 10)
     assert bad.value is None and str(broken) in bad.reason
+
+
+def test_a_sidecar_naming_its_hash_identity_sha256_is_read_too(tmp_path):
+    digest = identity_hash(IDENTITY)
+    found = _write_raw(tmp_path, [_doc()], {"identity": IDENTITY, "identity_sha256": digest, "metrics": {"acc": 1.0},
+                                            "cell_identity": "ab" * 32, "documents": 1})
+    sidecar = read_sidecar(found)
+    assert sidecar.identity_hash == digest and sidecar.identity == IDENTITY
+    assert read_samples(found).metrics["acc"].tolist() == [1.0]
