@@ -1,9 +1,10 @@
 """The ``evald`` command and its subcommands: ``evald`` (the daemon), ``status``, ``retry``,
-``subset`` and ``keys``. It parses and validates the command line once, then hands a
+``compare``, ``subset`` and ``keys``. It parses and validates the command line once, then hands a
 ``ResolvedConfig`` to the daemon or runs a read-only report.
 
 - ``main.py``: the argument parser and the dispatch to a subcommand
-- ``commands.py``: ``status``, ``retry``, ``subset``
+- ``commands.py``: ``status``, ``retry``, ``compare``, ``subset``
+- ``compare.py``: ``evald compare STEP_A STEP_B``: two steps' suite results paired by document
 - ``status.py``, ``step_report.py``: a run's state, and what happened to one step
 - ``keys.py``: ``evald keys DIR`` writes CURVE key bundles (docs/authentication.md)
 

@@ -1,5 +1,5 @@
-"""evald's subcommands besides serving a run: ``evald status``, ``evald retry``, ``evald subset``,
-``evald keys``."""
+"""evald's subcommands besides serving a run: ``evald status``, ``evald retry``, ``evald compare``,
+``evald subset``, ``evald keys``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from evald.daemon.run_dir import LEDGER_FILE, RunDirError, locate, runs_in
 
 
 def run(name: str, argv: Sequence[str]) -> int:
-    return {"status": status, "retry": retry, "subset": subset, "keys": keys}[name](argv)
+    return {"status": status, "retry": retry, "compare": compare, "subset": subset, "keys": keys}[name](argv)
 
 
 def _which_run(p: argparse.ArgumentParser) -> None:
@@ -89,6 +89,18 @@ def retry(argv: Sequence[str]) -> int:
         print(f"evald pid {holder.get('pid')} serves this run and takes them up at its next turn" if holder
               is not None else "no evald serves this run now: they are evaluated when evald starts on it")
     return 1 if args.steps and done.not_failed and not done.requeued and not done.rejudged else 0
+
+
+def compare(argv: Sequence[str]) -> int:
+    """Compare two steps' suite results paired by document: per task and metric, the difference with its
+    paired-bootstrap interval, McNemar's test for 0/1 metrics and the minimum detectable effect. Read-only,
+    safe while evald runs"""
+    from evald.cli.compare import add_arguments, compare_command
+
+    p = argparse.ArgumentParser(prog="evald compare", description=compare.__doc__ + ". Exit 2 when the two "
+                                "steps cannot be compared (the message says why). See docs/benchmarks.md.")
+    add_arguments(p)
+    return compare_command(p.parse_args(list(argv)))
 
 
 def keys(argv: Sequence[str]) -> int:

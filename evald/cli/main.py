@@ -3,6 +3,7 @@
     evald [OPTIONS]              evaluate a run's checkpoints as they appear (evald --help)
     evald status [...]           a run's state, read-only, safe while evald runs
     evald retry [STEP ...]       re-queue failed checkpoints (all when none is named)
+    evald compare STEP_A STEP_B  two steps' suite results, paired by document (docs/benchmarks.md)
     evald subset [...]           print the indices of the fixed validation subset
     evald keys DIR               create CURVE keys for evald and the trainer (docs/authentication.md)
     evald --version
@@ -24,8 +25,9 @@ from evald.config import (ConfigError, ResolvedConfig, command_line_layer, defau
                           option_fields, resolve, toml_layer)
 from evald.config.schema import parse_cpus
 from evald.daemon import logs
+from evald.decisions.monitor_targets import MonitorError, check_suite_monitor, parse_suite_monitor
 
-SUBCOMMANDS = ("status", "retry", "subset", "keys")
+SUBCOMMANDS = ("status", "retry", "compare", "subset", "keys")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="evald",
         description="Asynchronous out-of-process evaluator for MindSpore training. Run it beside the training "
                     "job on a device no training rank uses: `evald --device 7`. Other commands: "
-                    "`evald status`, `evald retry`, `evald subset`, `evald keys` (each with --help).",
+                    "`evald status`, `evald retry`, `evald compare`, `evald subset`, `evald keys` (each with --help).",
         epilog="Precedence: command line > environment variable > --config TOML > the trainer's run "
                "announcement > default. Every option is also a TOML key of the same name (underscores); "
                "table options are TOML tables. See docs/configuration.md.")
@@ -92,6 +94,9 @@ def check_monitor(resolved: ResolvedConfig) -> None:
     from evald.pipeline.tasks import TASKS, metric_names
 
     config = resolved.config
+    if parse_suite_monitor(config.monitor) is not None:   # SUITE/TASK/METRIC: the suites' own check
+        check_suite_monitor(config.monitor, configured_suite_metrics(config))
+        return
     tasks = [config.task] if config.task else list(TASKS)
     plugins = [plugin_name(spec) for spec in config.metric_plugins]
     known = set().union(*(metric_names(task, plugins, config.generation.prompts > 0) for task in tasks))
@@ -102,6 +107,13 @@ def check_monitor(resolved: ResolvedConfig) -> None:
                           f"the known metrics are {shown}, and sample/greedy/* or sample/sampled/* with generation")
 
 
+def configured_suite_metrics(config) -> dict[str, dict[str, list[str]]]:
+    """``{suite: {task: [metric, ...]}}`` of the configuration's suites, for the start-up check of
+    ``--monitor SUITE/TASK/METRIC``. This version of evald has no ``[suites]`` table yet, so every
+    suite monitor names nothing and is refused; the suites' resolved task metrics go here."""
+    return {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
@@ -110,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.run(argv[0], argv[1:])
     try:
         resolved = parse_config(argv)
-    except ConfigError as exc:
+    except (ConfigError, MonitorError) as exc:
         print(f"evald: error: {exc}", file=sys.stderr)
         return 2
     config = resolved.config

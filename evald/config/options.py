@@ -149,7 +149,8 @@ class EvaldConfig:
     tuning: TuningOptions = opt(None, "directory watching and retries ([tuning] table)", kind="table",
                                 table=TuningOptions, factory=TuningOptions)
     # --- decisions (docs/early-stopping.md)
-    monitor: str = opt("eval/loss", "metric that early stopping and the best pointer watch", kind="str")
+    monitor: str = opt("eval/loss", "metric that early stopping and the best pointer watch: an evald tag "
+                       "(eval/loss) or a suite's SUITE/TASK/METRIC (fast/hellaswag/acc_norm)", kind="str")
     mode: str = opt("min", "min or max: which direction of MONITOR is better", kind="choice",
                     choices=("min", "max"))
     patience: int | None = opt(None, "evaluations without improvement before stopping; default: never stop",

@@ -21,6 +21,7 @@ from evald.contracts.wire import ControlState
 from evald.decisions.early_stop import EarlyStopPolicy
 from evald.decisions.health import HealthMonitor
 from evald.decisions.lr_advisor import LRAdvisor
+from evald.decisions.monitor_targets import parse_suite_monitor, stderr_tag
 from evald.decisions.trend import TrainLossTrend
 from evald.pipeline.metrics.uncertainty import se_tag
 
@@ -78,12 +79,17 @@ class Decisions:
         return self.early_stop.best
 
     def observe_eval(self, step: int, metrics: Mapping[str, float], *, newest_step: int,
-                     every_n_steps: int | None) -> Outcome:
+                     every_n_steps: int | None, paired_se: float | None = None) -> Outcome:
+        """``paired_se``: for a suite monitor, the SE of the difference between this step's value and
+        the best step's (``best_step``), paired by document (``sinks/sample_files.paired_se_of_monitor``);
+        with ``--min-delta Nse`` it replaces the unpaired SE of the difference."""
         value = metrics.get(self.monitor)
         if value is None:
             return Outcome(f"monitor {self.monitor!r} is not among the metrics {sorted(metrics)}", False, None)
-        se = metrics.get(se_tag(self.monitor))
-        verdict = self.early_stop.observe(step, float(value), se)
+        suite_metric = parse_suite_monitor(self.monitor) is not None
+        se = metrics.get(stderr_tag(self.monitor) if suite_metric else se_tag(self.monitor))
+        se = None if se is None or isinstance(se, str) else float(se)  # lm-eval's stderr can be "N/A"
+        verdict = self.early_stop.observe(step, float(value), se, paired_se)
         trend = self.trend.take()
         alerts = {a.tag: a.message for a in self.health.observe_eval(step, value, trend)}
         advice = None

@@ -4,7 +4,11 @@
 Verdict with its reason. ``min_delta`` is absolute (``0.01``) or in standard errors
 (``MinDelta(2, "se")``: the value must beat the best by more than twice the SE of their
 difference, from ``se`` and the best's SE); every "improved" and "no improvement" reason
-states the values, their SEs and the threshold compared. Its state (best value, SE and
+states the values, their SEs and the threshold compared. When the caller has both steps'
+per-document outputs (a suite metric, ``SUITE/TASK/METRIC``), it passes ``paired_se``, the SE of
+the difference between this value and the best's, paired by document
+(``decisions/paired.py``); with ``min_delta`` in SEs the threshold is then ``k * paired_se``,
+and the reason says "paired". Its state (best value, SE and
 step, evaluations without improvement) is a plain dict that evald commits with each
 evaluation, so a restarted evald keeps counting. Bad arguments are rejected in ``__init__``.
 """
@@ -46,7 +50,8 @@ class EarlyStopPolicy:
         self.wait = 0
         self.last_step: int | None = None
 
-    def observe(self, step: int, value: float, se: float | None = None) -> Verdict:
+    def observe(self, step: int, value: float, se: float | None = None,
+                paired_se: float | None = None) -> Verdict:
         if self.last_step is not None and step <= self.last_step:
             return Verdict(False, False, f"step {step} already observed (last {self.last_step}); ignored")
         self.last_step = step
@@ -55,10 +60,12 @@ class EarlyStopPolicy:
             if self.check_finite:
                 return Verdict(True, False, f"{name} = {value} at step {step} is not finite")
             return Verdict(False, False, f"{name} = {value} at step {step} is not finite (check_finite off)")
-        threshold = self.min_delta.threshold(se, self.best_se)
+        paired = (self.min_delta.unit == "se" and self.best is not None and paired_se is not None
+                  and math.isfinite(paired_se))
+        threshold = self.min_delta.amount * paired_se if paired else self.min_delta.threshold(se, self.best_se)
         delta = 0.0 if threshold is None else threshold
         improved = better(value, self.best, self.mode, delta)
-        shown, by = _shown(value, se), self._by(threshold)
+        shown, by = _shown(value, se), self._by(threshold, paired)
         if improved:
             before = None if self.best is None else (
                 f" (from {_shown(self.best, self.best_se)} at step {self.best_step}: by {abs(value - self.best):.6g}, "
@@ -79,13 +86,14 @@ class EarlyStopPolicy:
             return Verdict(True, improved, reason + f"; patience {self.patience} exhausted")
         return Verdict(False, improved, reason)
 
-    def _by(self, threshold: float | None) -> str:
-        """How the threshold is shown: ``0.01``, or ``2se = 0.0354`` (and why it is 0 without an SE)."""
+    def _by(self, threshold: float | None, paired: bool = False) -> str:
+        """How the threshold is shown: ``0.01``, ``2se = 0.0354``, ``2se paired = 0.021`` (and why it is
+        0 without an SE)."""
         if self.min_delta.unit == "abs":
             return f"{self.min_delta.amount:g}"
         if threshold is None:
             return f"{self.min_delta} = 0 ({self.monitor} has no standard error here)"
-        return f"{self.min_delta} = {threshold:.4g}"
+        return f"{self.min_delta}{' paired' if paired else ''} = {threshold:.4g}"
 
     def state_dict(self) -> dict:
         return {"best": self.best, "best_se": self.best_se, "best_step": self.best_step, "wait": self.wait,

@@ -10,6 +10,7 @@
 - ``subset.py``, ``factories.py``, ``device.py``: the seeded subset, the user's factories, the device
 - ``group_protocol.py``, ``group_evaluator.py``: the same evaluation on several devices
 - ``tasks/``, ``metrics/``: Graph-mode eval cells and their metrics
+- ``lm_eval_metrics.py``: the metric names each lm-eval task of a suite reports (for ``--monitor``'s check)
 
 May import: config, contracts, ledger, files.
 """

@@ -4,6 +4,8 @@ pointer, and the run summary.
 
 - ``tensorboard.py``, ``control.py``, ``leases.py``, ``best_pointer.py``
 - ``summary.py`` (summary.json), ``summary_table.py`` (its Markdown table)
+- ``sample_files.py``: the suites' per-sample outputs read back (``evald compare``, the paired SE of a
+  suite monitor), validated and bounded
 
 May import: config, contracts, ledger, decisions.
 """
