@@ -31,6 +31,7 @@ from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, Run
 from evald.decisions.decisions import Decisions
 from evald.ledger.disk_full import retry
 from evald.intake.intake import Intake
+from evald.intake.lag_policy import CatchUp
 from evald.sinks.leases import Leases
 from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.files.mindformers import entry_name
@@ -59,6 +60,7 @@ class Run:
         self.resolved = resolved              # ... merged with the trainer's announcement
         self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
         self.counters = evaluation.Counters()
+        self.catch_up = CatchUp(started_at=time.time())  # checkpoints committed from now on, while building: not lag
         self.ledger = Ledger(run_dir / LEDGER_FILE)
         self.ledger.recover_interrupted(self.config.tuning.max_attempts)
         self.decisions = Decisions(self.config)
@@ -233,7 +235,8 @@ class Run:
             ckpt_dir=self.ckpt_dir, lag_policy=self.config.lag_policy, final_step=self.intake.final_step,
             newest_checkpoint_step=self.intake.newest_step, newest_train_step=max(self.train.last_step, 0),
             every_n_steps=self.announcement.every_n_steps if self.announcement else None,
-            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id)
+            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id,
+            catch_up=self.catch_up)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
         if done is not None and done[1] is not None:
