@@ -283,9 +283,9 @@ class EvaldHook:
         self._finished = True
         try:
             network = network or self.network
-            if self.writer is not None:
-                self.writer.finish(final_step, network, optimizer or self.optimizer, epoch=epoch,
-                                   timeout_s=self.final_snapshot_timeout_s)
+            if self.writer is not None and self.writer.finish(final_step, network, optimizer or self.optimizer,
+                                                              epoch=epoch, timeout_s=self.final_snapshot_timeout_s):
+                self.snapshots_taken += 1  # the final snapshot, counted like the others
             if self.notifier is not None and not self.is_lead:
                 self.notifier.close()
             elif self.notifier is not None:

@@ -161,16 +161,21 @@ class SnapshotWriter:
                 self._cond.notify_all()
         return True
 
-    def finish(self, final_step: int, network: Any, optimizer: Any, *, epoch: int | None, timeout_s: float) -> None:
-        """At the end of training: the final step's snapshot unless the last one written is it; then close."""
+    def finish(self, final_step: int, network: Any, optimizer: Any, *, epoch: int | None, timeout_s: float) -> bool:
+        """At the end of training: the final step's snapshot unless the last one written is it; then close.
+        True when a final snapshot was taken (handed to the writer), as ``try_snapshot`` says for the others."""
         self.wait_idle(timeout_s)  # was the last one written, or skipped?
+        taken = False
         if network is not None and self.last_committed != final_step:
             weights = host_copy_of_weights(network, optimizer, self.rows_for(network, optimizer))
-            self.submit_final(SnapshotJob(step=final_step, weights=weights, epoch=epoch, final=True), timeout_s)
+            job = SnapshotJob(step=final_step, weights=weights, epoch=epoch, final=True)
+            taken = self.submit_final(job, timeout_s)
         self.close(timeout_s=timeout_s)
+        return taken
 
     def submit_final(self, job: SnapshotJob, timeout_s: float) -> bool:
-        """At the end of training: wait (bounded) for the current write, then write ``job``."""
+        """At the end of training: wait (bounded) for the current write, then write ``job`` (bounded too).
+        True when ``job`` was handed to the writer (taken), False when it was skipped as busy."""
         with self._cond:
             if not self._cond.wait_for(lambda: not self.busy, timeout_s):
                 log.warning("final snapshot at step %d skipped: previous write still running after %.0fs",
@@ -179,7 +184,8 @@ class SnapshotWriter:
                 return False
             self._pending = job
             self._cond.notify()
-            return self._cond.wait_for(lambda: not self.busy, timeout_s)
+            self._cond.wait_for(lambda: not self.busy, timeout_s)  # close() waits for the rest
+            return True
 
     def wait_idle(self, timeout_s: float) -> bool:
         with self._cond:

@@ -20,6 +20,7 @@ from typing import Any
 from evald.contracts import layout
 from evald.contracts.wire import ProtocolError, announcement_from_json
 from evald.daemon.run_dir import IDENTITY_FILE, LEDGER_FILE, LOCK_FILE, read_identity
+from evald.ledger.disk_full import DiskWait
 from evald.ledger.ledger import DELETED, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, Ledger
 
 STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
@@ -28,8 +29,9 @@ STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
 class ReadOnlyLedger(Ledger):
     """The ledger's read methods on a read-only connection (no schema creation, no migration)."""
 
-    def __init__(self, path: Path) -> None:  # noqa: super().__init__ would create and migrate
+    def __init__(self, path: Path) -> None:  # noqa: super().__init__ would create the schema
         self.path = Path(path)
+        self.disk = DiskWait()   # reads: a full disk does not stop them, but the methods share one wrapper
         mode = "ro" if Path(f"{path}-wal").exists() else "ro&immutable=1"
         self._db = sqlite3.connect(f"file:{self.path}?mode={mode}", uri=True, isolation_level=None, timeout=30)
 
@@ -73,7 +75,7 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
                      for s in steps if s.state in (FAILED, DELETED)],
         "rejected_files": [{"file": name, "reason": reason} for name, step, status, reason in files
                            if status == REJECTED and step is None],
-        "lag": {"steps": None if newest is None or newest_evaluated is None else newest - newest_evaluated,
+        "lag": {"steps": _lag_steps(waiting, newest_evaluated),
                 "seconds": 0.0 if oldest_wait is None else max(0.0, now - oldest_wait),
                 "newest_step": newest, "newest_evaluated_step": newest_evaluated},
         "last_evaluation": None if last is None else {"step": last.step, "metrics": last.metrics,
@@ -83,6 +85,15 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
                                                                    "reason": control.get("stop_reason", "")},
         "summarised": summarised is not None,
     }
+
+
+def _lag_steps(waiting: list, newest_evaluated: int | None) -> int | None:
+    """Steps between the newest evaluated one and the newest that still waits: 0 when nothing newer waits.
+    A step skipped, failed or deleted waits for nothing, so it is no lag (evald.ledger.skips has its own)."""
+    if newest_evaluated is None:
+        return None
+    newest_waiting = max((s.step for s in waiting), default=newest_evaluated)
+    return max(0, newest_waiting - newest_evaluated)
 
 
 def _run_id(ckpt_dir: str | None) -> str | None:

@@ -78,6 +78,9 @@ class EvaldConfig:
     ckpt_dir: str | None = opt(None, "checkpoint directory to evaluate, or a MindFormers output directory (its "
                                "checkpoint_network/rank_0 and checkpoint/rank_0 too, docs/mindformers.md); "
                                "default: the directory the trainer announces first", kind="path", env="EVALD_CKPT_DIR")
+    wait_for_ckpt_dir: bool = opt(False, "wait for a --ckpt-dir whose parent does not exist yet either (else "
+                                  "that is an error, a mistyped path); nothing is written until it exists",
+                                  kind="bool", env="EVALD_WAIT_FOR_CKPT_DIR")
     logdir: str | None = opt(None, "TensorBoard log directory, shared by runs; each run has LOGDIR/RUN_NAME "
                              "with its events and evald's state (ledger, summary); default: "
                              "CKPT_DIR/../tensorboard, beside the checkpoint directory, never inside it",

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from evald.config.options import ANNOUNCED, EvaldConfig, option_fields
 from evald.config.schema import ConfigError, as_object, build_table, coerce
-from evald.config.sources import Layer, app_dir_exists
+from evald.config.sources import Layer, app_dir_exists, check_place
 
 DEFAULT = "default"
 
@@ -52,6 +52,12 @@ def resolve(layers: list[Layer]) -> ResolvedConfig:
     _check_combinations(config, sources)
     if config.app_dir:
         app_dir_exists(config.app_dir, sources["app_dir"], "")
+    if config.ckpt_dir:
+        check_place(config.ckpt_dir, sources["ckpt_dir"], "checkpoint directory",
+                    "give --wait-for-ckpt-dir to wait for the trainer to create it" if not config.wait_for_ckpt_dir
+                    else None)
+    if config.logdir:
+        check_place(config.logdir, sources["logdir"], "log directory", "create its parent first")
     return ResolvedConfig(config, sources)
 
 

@@ -93,3 +93,21 @@ def _merged_tables(texts: list[str], flag: str) -> dict:
 def app_dir_exists(path: str, source: str, key: str = "app_dir") -> None:
     if not Path(path).is_dir():
         raise ConfigError(source, key, f"{path} is not a directory")
+
+
+def check_place(path: str, source: str, what: str, missing_parent_fix: str | None) -> None:
+    """A directory evald will use: a directory, or not there yet under a parent that is (else a typo, said so).
+
+    ``source`` is where the value came from (``command line --ckpt-dir``); with
+    ``missing_parent_fix`` None a missing parent is accepted (the user asked to wait for it).
+    """
+    place = Path(path)
+    if place.exists() and not place.is_dir():
+        raise ConfigError(source, "", f"{path} is not a directory")
+    if place.exists() or missing_parent_fix is None:
+        return
+    parent = place.absolute().parent
+    if not parent.is_dir():
+        raise ConfigError(source, "", f"the {what} {path} does not exist, nor does its parent {parent}: a "
+                                      f"mistyped path? Check it, or {missing_parent_fix}")
+

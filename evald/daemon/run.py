@@ -32,6 +32,7 @@ from evald.files.mindformers import entry_name
 from evald.intake import trust
 from evald.intake.discovery import RESCAN, WATCHDOG, Discovery
 from evald.intake.intake import Intake
+from evald.intake.lag_policy import CatchUp
 from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED, Receiver
 from evald.intake.train_stream import TrainStream, reach
 from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
@@ -61,6 +62,7 @@ class Run:
         self.resolved = resolved              # ... merged with the trainer's announcement
         self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
         self.counters = evaluation.Counters()
+        self.catch_up = CatchUp(started_at=time.time())  # checkpoints committed from now on, while building: not lag
         self.disk = disk or DiskWait()
         self.ledger = Ledger(run_dir / LEDGER_FILE, self.disk)
         self.ledger.recover_interrupted(self.config.tuning.max_attempts)
@@ -237,7 +239,8 @@ class Run:
             ckpt_dir=self.ckpt_dir, lag_policy=self.config.lag_policy, final_step=self.intake.final_step,
             newest_checkpoint_step=self.intake.newest_step, newest_train_step=max(self.train.last_step, 0),
             every_n_steps=self.announcement.every_n_steps if self.announcement else None,
-            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id)
+            max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id,
+            catch_up=self.catch_up)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
         if done is not None and done[1] is not None:

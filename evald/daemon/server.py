@@ -115,7 +115,10 @@ class Server:
         if self.resolved.set_by_operator("model_factory") and self.resolved.set_by_operator("data_factory"):
             if not self.pipeline.ensure_built(self.config):  # compile now, not at the first checkpoint
                 raise CannotEvaluate(f"{self.pipeline.blocked_reason}; fix the configuration and start again")
-        if self.config.ckpt_dir:
+        if self.config.ckpt_dir and self.config.wait_for_ckpt_dir and not Path(self.config.ckpt_dir).is_dir():
+            log.info("waiting for %s to be created (--wait-for-ckpt-dir); nothing is written until then",
+                     self.config.ckpt_dir)
+        elif self.config.ckpt_dir:
             self.attach(Path(self.config.ckpt_dir))
         else:
             log.info("no --ckpt-dir: waiting for the trainer's first notification on %s",
@@ -153,6 +156,7 @@ class Server:
             self.group.heartbeat()  # idle ranks wait in a collective, which times out
         self._drain_events(timeout=0.0 if self._worked else IDLE_WAIT_S)  # busy: straight on to the next step
         self._worked = False
+        self._attach_when_created()
         if self.run is None or self.should_exit:
             return not self.should_exit
         self.run.tick()
@@ -176,6 +180,11 @@ class Server:
                 raise BackgroundThreadDied(f"{what} thread died ({reason}); evald stops rather than miss "
                                            f"checkpoints or messages. Start it again; the ledger keeps its place")
 
+    def _attach_when_created(self) -> None:
+        """--wait-for-ckpt-dir: serve the directory once it exists (no log directory under a missing path)."""
+        if self.run is None and self.config.ckpt_dir and Path(self.config.ckpt_dir).is_dir():
+            self.attach(Path(self.config.ckpt_dir))
+
     def _drain_events(self, timeout: float) -> None:
         try:
             item = self.events.get(timeout=timeout)
@@ -183,7 +192,8 @@ class Server:
             return
         for handled in range(1, EVENTS_PER_TURN + 1):
             source, payload = item
-            if self.run is None and source in (ZMQ, ZMQ_UNTRUSTED) and getattr(payload, "ckpt_dir", None):
+            if (self.run is None and not self.config.ckpt_dir and source in (ZMQ, ZMQ_UNTRUSTED)
+                    and getattr(payload, "ckpt_dir", None)):
                 # The first trusted notification names the directory; an untrusted one is refused, with why.
                 origin = trust.of_message(self.receiver, peer_trusted=source == ZMQ)
                 if trust.may_attach(origin, payload.ckpt_dir, payload.TYPE):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evald.decisions.decisions import Decisions, Outcome
-from evald.intake.lag_policy import decide
+from evald.intake.lag_policy import CatchUp, decide
 from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
 from evald.ledger.requeue import RETRY
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
@@ -53,6 +53,7 @@ class Context:
     max_attempts: int
     subset_text: str
     run_id: str | None = None       # the run's, for a checkpoint that does not name its own (a foreign file)
+    catch_up: CatchUp | None = None  # the build's backlog, not lag (evald.intake.lag_policy)
 
 
 def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx: Context,
@@ -65,8 +66,9 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
     queued = ledger.steps(QUEUED)
     if not queued:
         return None
+    protected = ctx.catch_up.protect([(row.step, row.commit_time) for row in queued]) if ctx.catch_up else ()
     choice = decide(ctx.lag_policy, [row.step for row in queued], final_step=ctx.final_step,
-                    keep={row.step for row in queued if row.found_via == RETRY})
+                    keep={row.step for row in queued if row.found_via == RETRY}, catch_up=protected)
     for step, reason in choice.skip:
         log.info("skipped step %d: %s", step, reason, extra={"step": step, "state": SKIPPED, "reason": reason})
     if choice.evaluate is None:

@@ -31,6 +31,7 @@ from evald.ledger.ledger import DELETED, DUPLICATE, QUEUED, REJECTED, Ledger
 log = logging.getLogger("evald.intake.intake")
 
 UNREADABLE_RECHECK_S = 5.0
+FIRST_SOURCES_KEPT = 4096  # entries whose first source is remembered, for the "also via" line
 
 
 class Intake:
@@ -41,6 +42,8 @@ class Intake:
         self.final_step: int | None = None  # the run's last step, never skipped by the lag policy
         self.newest_step = max(ledger.step_numbers(), default=0)
         self._judged: set[str] = set()      # names already in the ledger's files table
+        # Admitted entries: name -> (its step, the source that found it first, when, the sources that reported it).
+        self._first: dict[str, tuple[int | None, str, float, set[str]]] = {}
         self._settling: dict[str, float] = {}  # foreign files still being written: name -> recheck time
         self._unreadable: dict[str, str] = {}  # entries evald's user may not read: name -> why
         self._unreadable_due = 0.0
@@ -49,7 +52,10 @@ class Intake:
 
     def found(self, name: str, found_via: str, now: float | None = None) -> bool:
         """An entry appeared (or may have): admit what it carries, once. True if it was new."""
-        if name in self._judged or not mindformers_layout.is_entry_name(name):
+        if name in self._judged:
+            self._also(name, found_via, now)
+            return False
+        if not mindformers_layout.is_entry_name(name):
             return False
         key = _ledger_key(name)
         if self.ledger.file_status(key) is not None:
@@ -84,7 +90,23 @@ class Intake:
             self._part(verdict, found_via)
         else:
             self._admit(verdict, found_via)
+        self._first[name] = (verdict.step, found_via, time.time() if now is None else now, {found_via})
+        while len(self._first) > FIRST_SOURCES_KEPT:  # oldest first: dicts keep insertion order
+            self._first.pop(next(iter(self._first)))
         return True
+
+    def _also(self, name: str, found_via: str, now: float | None) -> None:
+        """Another source reported an entry already found: say so once per source, with how much later.
+        The trainer renames a snapshot into place, then rings the doorbell, so the watchdog is often first."""
+        first = self._first.get(name)
+        if first is None or found_via in first[3]:
+            return
+        step, source, at, told = first
+        told.add(found_via)
+        later_ms = max(0.0, ((time.time() if now is None else now) - at) * 1000)
+        # A rescan sees every entry again, always later: worth a line only when debugging.
+        log.log(logging.DEBUG if found_via == "rescan" else logging.INFO, "%s%s: also via %s, %.0f ms after %s found it", "" if step is None else f"step {step} in ", name,
+                 found_via, later_ms, source, extra={"key": name, "found_via": found_via, "first": source})
 
     def _recognise(self, name: str, now: float | None) -> Found | Rejected | Pending | None:
         """What ``name`` is; an error examining it rejects it (once, with the reason), never evald."""
@@ -187,7 +209,7 @@ class Intake:
             self.ledger.admit(name=found.name, step=found.step, kind=found.kind, found_via=found_via,
                               run_id=found.run_id, commit_time=found.commit_time, skip_reason=reason, also=members)
             self.newest_step = max(self.newest_step, found.step)
-            log.info("found step %d in %s via %s%s", found.step, found.name, found_via,
+            log.info("found step %d in %s via %s (first)%s", found.step, found.name, found_via,
                      f"; skipped: {reason}" if reason else "",
                      extra={"step": found.step, "key": found.name, "found_via": found_via,
                             "state": "skipped" if reason else QUEUED, "reason": reason})

@@ -5,8 +5,13 @@ No single frame can stop this thread or make evald's main loop fall behind:
 * every frame is either handed on or counted as bad, by reason; each reason gets
   at most one WARNING per ``log_interval_s``, carrying the count since the last;
 * frames up to ``hard_limit_bytes`` (4x the protocol's 1 MiB) are received and
-  counted; above it libzmq (MAXMSGSIZE) drops the connection, which a socket
-  monitor counts with the other disconnects (libzmq reports both alike);
+  counted; above it libzmq (MAXMSGSIZE) drops the connection;
+* a socket monitor follows each connection (``Connections``). libzmq reports every
+  closed connection alike, so the receiver judges from what came before: a peer that
+  completed the handshake and then left is a trainer rank closing its notifier, the
+  normal end (INFO); one refused at the handshake was warned then; one that closes
+  before any handshake sent bytes that are not ZeroMQ (WARNING); one that comes
+  straight back after leaving was dropped, for a frame over the hard limit (WARNING);
 * the out queue is never waited on: ``put_nowait``, and when it is full (or,
   for train_metrics and bad-message notices, nearly full) the item is dropped
   and counted by type. Every notice is a doorbell; the directory is the truth;
@@ -30,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 from evald.contracts.auth import CURVE, SecurityConfig, secure_server
@@ -42,6 +48,43 @@ ZMQ_UNTRUSTED = "zmq_untrusted"  # a valid message from a peer that is neither l
 HARD_LIMIT_BYTES = 4 * MAX_MESSAGE_BYTES
 RECEIVE_HWM = 1000  # frames libzmq buffers for this socket; with HARD_LIMIT_BYTES, bounds its memory
 _BATCH = 256  # frames read per wake-up, so the monitor and stop flag are checked in between
+# A peer connecting again this soon after leaving did not leave: libzmq dropped it (PUSH reconnects
+# after 100 ms by itself; a restarted trainer takes seconds to import MindSpore).
+RECONNECT_WINDOW_S = 1.0
+
+
+@dataclass
+class Connections:
+    """What the monitor said about each connection (by file descriptor), to tell why one closed.
+
+    libzmq's handshake events carry no descriptor; handshakes complete in the order the
+    connections were accepted, nearly always, so the oldest connection still handshaking
+    is the one an event is about (a wrong guess only changes a log line's wording).
+    """
+
+    handshaking: list[int] = field(default_factory=list)
+    established: set[int] = field(default_factory=set)
+    refused: set[int] = field(default_factory=set)
+    last_left_at: float | None = None
+
+    def accepted(self, fd: int) -> None:
+        self.handshaking.append(fd)
+
+    def handshake_done(self, ok: bool) -> None:
+        if self.handshaking:
+            (self.established if ok else self.refused).add(self.handshaking.pop(0))
+
+    def closed(self, fd: int) -> str:
+        """Why connection ``fd`` closed: "left", "refused" or "not_zeromq"."""
+        if fd in self.established:
+            self.established.discard(fd)
+            return "left"
+        if fd in self.refused:
+            self.refused.discard(fd)
+            return "refused"
+        if fd in self.handshaking:
+            self.handshaking.remove(fd)
+        return "not_zeromq"
 
 
 class _Throttle:
@@ -86,6 +129,8 @@ class Receiver:
         # train_metrics and bad-message notices leave this many slots free for the doorbells that matter
         self._reserve = out.maxsize // 4 if doorbell_reserve is None else doorbell_reserve
         self._throttle = _Throttle(log_interval_s, clock)
+        self._clock = clock
+        self._connections = Connections()
         self._stop = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -114,7 +159,8 @@ class Receiver:
             raise OSError(f"cannot bind notifications endpoint {endpoint}: {exc}; is another evald "
                           f"using it? Pick another with --endpoint / EVALD_ENDPOINT") from exc
         self._monitor = self._socket.get_monitor_socket(
-            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         self._thread = threading.Thread(target=self._run_recording_death, name="evald-receiver", daemon=True)
         self._failure: str | None = None
@@ -227,22 +273,49 @@ class Receiver:
 
         while True:
             try:
-                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+                message = recv_monitor_message(self._monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
+            event, value = message["event"], message["value"]
             if event == zmq.EVENT_ACCEPTED:
                 self.peer_events["accepted"] += 1
+                self._connections.accepted(value)
+                self._came_straight_back()
+            elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connections.handshake_done(ok=True)
             elif event == zmq.EVENT_DISCONNECTED:
                 self.peer_events["disconnected"] += 1
-                self._throttle.log(logging.INFO, "disconnected",
-                                   "a peer left %s (%d so far): a trainer exiting, or a frame over %d bytes, "
-                                   "or bytes that are not ZeroMQ", self.endpoint,
-                                   self.peer_events["disconnected"], self.hard_limit_bytes)
+                self._disconnected(self._connections.closed(value))
             else:
+                self._connections.handshake_done(ok=False)
                 self.peer_events["refused"] += 1
                 self._throttle.log(logging.WARNING, "refused",
                                    "refused a peer on %s that failed the ZeroMQ handshake (%d so far)",
                                    self.endpoint, self.peer_events["refused"])
+
+    def _disconnected(self, why: str) -> None:
+        if why == "left":  # the normal end of a trainer rank: its notifier closed
+            self._connections.last_left_at = self._clock()
+            self._throttle.log(logging.INFO, "disconnected", "a trainer disconnected from %s (%d so far), as its "
+                               "notifier does when training ends", self.endpoint, self.peer_events["disconnected"])
+        elif why == "not_zeromq":
+            self.peer_events["not_zeromq"] += 1
+            self._throttle.log(logging.WARNING, "not_zeromq", "a peer on %s closed its connection before the "
+                               "ZeroMQ handshake: it sent bytes that are not ZeroMQ, or nothing (%d so far)",
+                               self.endpoint, self.peer_events["not_zeromq"])
+        else:
+            log.debug("the connection of the peer refused on %s closed", self.endpoint)
+
+    def _came_straight_back(self) -> None:
+        left_at, self._connections.last_left_at = self._connections.last_left_at, None
+        if left_at is None or self._clock() - left_at > RECONNECT_WINDOW_S:
+            return
+        self.peer_events["dropped"] += 1
+        self._throttle.log(logging.WARNING, "dropped", "a peer on %s connected again %.2f s after its connection "
+                           "closed: libzmq drops a connection that sends a frame over %d bytes (a notification is "
+                           "at most %d), so it sent one and the frame was lost (%d so far)", self.endpoint,
+                           self._clock() - left_at, self.hard_limit_bytes, MAX_MESSAGE_BYTES,
+                           self.peer_events["dropped"])
 
     # ------------------------------------------------------------ shutdown
 

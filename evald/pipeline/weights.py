@@ -19,8 +19,8 @@ from evald.files.confine import confined
 from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointUnreadable
 from evald.files.foreign import load_foreign
 from evald.files.parts import fit_problem
-from evald.files.recognise import FOREIGN_KINDS, PARTS
-from evald.pipeline import name_fit
+from evald.files.recognise import FOREIGN_KINDS, FOREIGN_WEIGHTS, PARTS
+from evald.pipeline import name_fit, training_state
 from evald.pipeline.hot_swap import NetworkMismatch, NetworkWeights
 from evald.pipeline.slice_merge import merge_slices
 from evald.pipeline.swap_check import PartsRead
@@ -47,7 +47,8 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
         except CheckpointUnreadable as exc:  # readable when found (evald.intake.intake checks), not any more
             raise CheckpointUnreadable(f"{exc}. It could be read when evald found it: fix the permission, "
                                        f"then put the step back in the queue") from exc
-        loaded = match_names(arrays, weights.specs, strict=False)
+        # A weights-only file (MindFormers' checkpoint_network/) holds no optimizer state: nothing may be left out.
+        loaded = match_names(arrays, weights.specs, strict=kind == FOREIGN_WEIGHTS)
         weights.assign(loaded)
         return loaded
     try:
@@ -75,23 +76,30 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
     common to every name on one side (evald.pipeline.name_fit): the checkpoint's (``model.w``
     under a train cell; never an optimizer moment such as ``adam_m.model.w``) or the
     network's (``net.w`` when the model factory wraps the model). With ``strict``
-    (evald layout) every entry must match; otherwise (foreign files, which hold
-    optimizer state too) the others are dropped.
+    (evald layout, a weights-only foreign file) every entry must match; otherwise (a full
+    foreign checkpoint) the entries that are recognisably optimizer or loss-scale state
+    (evald.pipeline.training_state) are dropped, and any other entry not in the network fails.
     """
     # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"), so
     # "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry let the
     # Adam second moments overwrite the real weight. name_fit picks ONE pair of prefixes for all names.
-    chosen = name_fit.fit(weights, expected).mapping
+    fitted = name_fit.fit(weights, expected)
+    chosen = fitted.mapping
     matched = {target: weights[name] for name, target in chosen.items()}
     unexpected = sorted(set(weights) - set(chosen))
+    if not strict:
+        # A moment names its weight as the optimizer saw it: with or without the train cell's prefix.
+        weight_names = {*weights, *(n[len(fitted.strip):] for n in weights if n.startswith(fitted.strip)), *expected}
+        unexpected = [n for n in unexpected if not training_state.is_training_state(n, weight_names)]
     missing = sorted(set(expected) - set(matched))
     mismatched = [f"{n}: checkpoint {tuple(a.shape)} vs network {tuple(expected[n][0])}"
                   for n, a in matched.items() if tuple(a.shape) != tuple(expected[n][0])]
     problems = []
     if missing:
         problems.append(f"missing parameters {_few(missing)}")
-    if strict and unexpected:
-        problems.append(f"unexpected parameters {_few(unexpected)}")
+    if unexpected:
+        problems.append(f"unexpected parameters {_few(unexpected)}"
+                        + ("" if strict else f": {training_state.rule()}"))
     if mismatched:
         problems.append(f"shape mismatch {_few(mismatched)}")
     if problems:

@@ -34,13 +34,14 @@ def test_version():
 
 def test_precedence_cli_over_env_over_toml_over_default(tmp_path):
     toml = tmp_path / "evald.toml"
-    toml.write_text('device = "3"\nlag_policy = "all"\nckpt_dir = "/from/toml"\nsubset_size = 7\n'
+    from_toml, from_env = tmp_path / "from-toml", tmp_path / "from-env"  # not there yet: the trainer makes them
+    toml.write_text(f'device = "3"\nlag_policy = "all"\nckpt_dir = "{from_toml}"\nsubset_size = 7\n'
                     'model_factory = "pkg.m:build"\n[model_kwargs]\nseq_len = 64\n'
                     '[generation]\nprompts = 0\n[[metric_plugins]]\ntarget = "a.b:C"\n')
     resolved = parse_config(["--config", str(toml), "--device", "GPU:5", "--subset-size", "9"],
-                            environ={"EVALD_CKPT_DIR": "/from/env"})
+                            environ={"EVALD_CKPT_DIR": str(from_env)})
     config = resolved.config
-    assert str(config.device) == "GPU:5" and config.lag_policy == "all" and config.ckpt_dir == "/from/env"
+    assert str(config.device) == "GPU:5" and config.lag_policy == "all" and config.ckpt_dir == str(from_env)
     assert config.subset_size == 9 and config.generation.prompts == 0 and config.generation.new_tokens == 32
     assert config.model_kwargs == {"seq_len": 64} and config.metric_plugins == ({"target": "a.b:C"},)
     assert resolved.sources["subset_size"] == "command line --subset-size"
