@@ -106,17 +106,20 @@ def subset(argv: Sequence[str]) -> int:
     from evald.pipeline.subset import RULE, SubsetInfo, select_subset
 
     fields = EvaldConfig.__dataclass_fields__
-    p = argparse.ArgumentParser(prog="evald subset", description=subset.__doc__ + f". The rule: {RULE}.")
+    p = argparse.ArgumentParser(prog="evald subset", description=f"{subset.__doc__} The rule: {RULE}.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--logdir", "--run-dir", dest="logdir",
                         help="an evald run directory (LOGDIR/RUN_NAME), or a log directory holding one run: "
                              "print the subset it recorded (subset.json)")
     source.add_argument("--num-samples", type=int, help="the validation set's length")
     source.add_argument("--data-factory", help="module:function of the validation set (its length is used)")
-    p.add_argument("--data-kwargs", type=json.loads, default={}, help="JSON kwargs of the data factory")
+    p.add_argument("--data-kwargs", type=json.loads, default={}, metavar="JSON",
+                   help="keyword arguments of the data factory, a JSON object")
     p.add_argument("--app-dir", default=None, help="directory put first on sys.path for the factory")
-    p.add_argument("--subset-size", type=int, default=default_of(fields["subset_size"]))
-    p.add_argument("--subset-seed", type=int, default=default_of(fields["subset_seed"]))
+    p.add_argument("--subset-size", type=int, default=default_of(fields["subset_size"]),
+                   help=f"{fields['subset_size'].metadata['help']} (default: %(default)s, as evald's)")
+    p.add_argument("--subset-seed", type=int, default=default_of(fields["subset_seed"]),
+                   help=f"{fields['subset_seed'].metadata['help']} (default: %(default)s, as evald's)")
     p.add_argument("--json", action="store_true", help="print subset.json's JSON instead of one index per line")
     args = p.parse_args(list(argv))
     if args.logdir:
