@@ -110,6 +110,8 @@ def sub_run_of(tag: str) -> tuple[str, str]:
 
 def ledger_tag(sub_run: str, tag: str) -> str:
     """The inverse of sub_run_of: the ledger's name of ``tag`` read in ``sub_run``."""
+    if tag.startswith("Samples/"):  # the sample texts (evald.sinks.tensorboard_layout.shown_text_tag)
+        return "sample/" + tag[len("Samples/"):]
     if sub_run not in KEPT_NAMESPACES or tag.startswith(KEPT_NAMESPACES[sub_run]):
         return tag
     return f"{sub_run}/{tag}"
@@ -138,7 +140,10 @@ def text_events(run: Path, tag: str) -> list[tuple[int, str]]:
     """(step, text) of a tensorboardX text summary (tag + "/text_summary"), via EventAccumulator."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from evald.sinks.tensorboard_layout import shown_text_tag
+
     sub_run, shown = sub_run_of(tag)
+    shown = shown_text_tag(shown)  # sample/greedy is shown as Samples/greedy
     if not (Path(run) / sub_run).is_dir():
         return []
     acc = EventAccumulator(str(Path(run) / sub_run), size_guidance={"tensors": 0})

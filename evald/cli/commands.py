@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from evald.daemon.run_dir import LEDGER_FILE, RunDirError, locate, runs_in
+from evald.config import ConfigError, option_fields, toml_layer
+from evald.config.schema import coerce
+from evald.daemon.run_dir import LEDGER_FILE, RunDirError, default_logdir, find_run, locate, runs_in
 
 
 def run(name: str, argv: Sequence[str]) -> int:
@@ -18,19 +20,60 @@ def run(name: str, argv: Sequence[str]) -> int:
 
 
 def _which_run(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ckpt-dir", default=os.environ.get("EVALD_CKPT_DIR"),
-                   help="the checkpoint directory the run serves (env EVALD_CKPT_DIR)")
-    p.add_argument("--logdir", default=os.environ.get("EVALD_LOGDIR"),
-                   help="the log directory evald was given, if any (default: CKPT_DIR/../tensorboard; env EVALD_LOGDIR)")
-    p.add_argument("--run-name", default=os.environ.get("EVALD_RUN_NAME"), help="the run's name in the log directory")
-    p.add_argument("--run-dir", default=None, help="the run directory itself: LOGDIR/RUN_NAME")
+    where = p.add_argument_group("which run", "default: as evald is configured (--ckpt-dir or EVALD_CKPT_DIR, "
+                                              "else --config's ckpt_dir), else the current directory: a run "
+                                              "directory, a checkpoint directory a run serves, or a log "
+                                              "directory holding one run")
+    where.add_argument("--ckpt-dir", default=os.environ.get("EVALD_CKPT_DIR") or None,
+                       help="the checkpoint directory the run serves (env EVALD_CKPT_DIR)")
+    where.add_argument("--logdir", default=os.environ.get("EVALD_LOGDIR") or None,
+                       help="the log directory evald was given, if any (default: CKPT_DIR/../tensorboard; env "
+                            "EVALD_LOGDIR)")
+    where.add_argument("--run-name", default=os.environ.get("EVALD_RUN_NAME") or None,
+                       help="the run's name in the log directory (env EVALD_RUN_NAME)")
+    where.add_argument("--run-dir", default=None, help="the run directory itself: LOGDIR/RUN_NAME")
+    where.add_argument("--config", metavar="TOML", default=None,
+                       help="the TOML file evald runs with: its ckpt_dir, logdir and run_name")
+
+
+def _from_config(args: argparse.Namespace) -> None:
+    """Fill what the command line and environment left unset from the TOML evald runs with."""
+    if not args.config:
+        return
+    layer = toml_layer(args.config)
+    by_name = {f.name: f for f in option_fields()}
+    for name in ("ckpt_dir", "logdir", "run_name"):
+        if getattr(args, name) is None and name in layer.values:
+            setattr(args, name, coerce(by_name[name], layer.values[name], layer.source, layer.keys[name]))
+    if args.ckpt_dir is None and args.logdir is None:
+        raise RunDirError(f"{args.config} sets neither ckpt_dir nor logdir: give --ckpt-dir")
+
+
+def _from_here(here: Path) -> Path | None:
+    """The run the current directory is, serves, or holds alone; None when it is none of these."""
+    if (here / LEDGER_FILE).exists():
+        return here
+    served = find_run(here, default_logdir(here))
+    if served is not None:
+        return served.path
+    runs = runs_in(here)
+    return runs[0].path if len(runs) == 1 else None
 
 
 def _run_path(args: argparse.Namespace, prog: str) -> Path | None:
     try:
-        path = locate(args.run_dir, args.ckpt_dir and Path(args.ckpt_dir), args.logdir and Path(args.logdir),
-                      args.run_name)
-    except RunDirError as exc:
+        _from_config(args)
+        if args.run_dir is None and args.ckpt_dir is None and args.logdir is None:
+            path = _from_here(Path.cwd())
+            if path is None:
+                raise RunDirError(f"say which run: --ckpt-dir DIR (or EVALD_CKPT_DIR; and --logdir if evald was "
+                                  f"given one), --config TOML (evald's), or --run-dir LOGDIR/RUN_NAME; the current "
+                                  f"directory {Path.cwd()} is no run directory, no checkpoint directory a run "
+                                  f"serves and no log directory with one run")
+        else:
+            path = locate(args.run_dir, args.ckpt_dir and Path(args.ckpt_dir), args.logdir and Path(args.logdir),
+                          args.run_name)
+    except (RunDirError, ConfigError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return None
     if not (path / LEDGER_FILE).exists():
@@ -118,17 +161,20 @@ def subset(argv: Sequence[str]) -> int:
     from evald.pipeline.subset import RULE, SubsetInfo, select_subset
 
     fields = EvaldConfig.__dataclass_fields__
-    p = argparse.ArgumentParser(prog="evald subset", description=subset.__doc__ + f". The rule: {RULE}.")
+    p = argparse.ArgumentParser(prog="evald subset", description=f"{subset.__doc__} The rule: {RULE}.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--logdir", "--run-dir", dest="logdir",
                         help="an evald run directory (LOGDIR/RUN_NAME), or a log directory holding one run: "
                              "print the subset it recorded (subset.json)")
     source.add_argument("--num-samples", type=int, help="the validation set's length")
     source.add_argument("--data-factory", help="module:function of the validation set (its length is used)")
-    p.add_argument("--data-kwargs", type=json.loads, default={}, help="JSON kwargs of the data factory")
+    p.add_argument("--data-kwargs", type=json.loads, default={}, metavar="JSON",
+                   help="keyword arguments of the data factory, a JSON object")
     p.add_argument("--app-dir", default=None, help="directory put first on sys.path for the factory")
-    p.add_argument("--subset-size", type=int, default=default_of(fields["subset_size"]))
-    p.add_argument("--subset-seed", type=int, default=default_of(fields["subset_seed"]))
+    p.add_argument("--subset-size", type=int, default=default_of(fields["subset_size"]),
+                   help=f"{fields['subset_size'].metadata['help']} (default: %(default)s, as evald's)")
+    p.add_argument("--subset-seed", type=int, default=default_of(fields["subset_seed"]),
+                   help=f"{fields['subset_seed'].metadata['help']} (default: %(default)s, as evald's)")
     p.add_argument("--json", action="store_true", help="print subset.json's JSON instead of one index per line")
     args = p.parse_args(list(argv))
     if args.logdir:

@@ -15,14 +15,16 @@ typed and validated once, with the same rules as TOML and the environment (exit 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import sys
+from dataclasses import fields
 from typing import Sequence
 
 from evald import __version__
 from evald.config import (ConfigError, ResolvedConfig, command_line_layer, default_of, environment_layer, flag_of,
                           option_fields, resolve, toml_layer)
+from evald.config.options import HELP_GROUPS
 from evald.config.schema import parse_cpus
 from evald.daemon import logs
 from evald.decisions.monitor_targets import MonitorError, check_suite_monitor, parse_suite_monitor
@@ -41,9 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
                "table options are TOML tables. See docs/configuration.md.")
     parser.add_argument("--version", action="version", version=f"evald {__version__}")
     parser.add_argument("--config", metavar="TOML", default=None, help="TOML file with any of these options")
-    for f in option_fields():
-        parser.add_argument(*_flags(f), dest=f.name, default=None, help=help_text(f), **_how(f))
+    by_name = {f.name: f for f in option_fields()}
+    for title, description, names in grouped_options(list(by_name)):
+        group = parser.add_argument_group(title, description or None)
+        for name in names:
+            f = by_name[name]
+            group.add_argument(*_flags(f), dest=f.name, default=None, help=help_text(f), **_how(f))
     return parser
+
+
+def grouped_options(names: Sequence[str]) -> list[tuple[str, str, list[str]]]:
+    """``HELP_GROUPS`` with ``names`` (in definition order) placed: an option no group names joins
+    the group of the option before it, so a new option is shown beside its neighbours."""
+    groups = [(title, description, []) for title, description, _ in HELP_GROUPS]
+    group_of = {name: i for i, (_, _, listed) in enumerate(HELP_GROUPS) for name in listed}
+    current = 0
+    for name in names:
+        current = group_of.get(name, current)
+        groups[current][2].append(name)
+    return [g for g in groups if g[2]]
 
 
 def _flags(f) -> list[str]:
@@ -58,21 +76,33 @@ def _how(f) -> dict:
         return {"action": "append", "metavar": "MODULE:CLASS"}
     if kind == "table":  # repeatable: --tuning '{"watch": "polling"}' --tuning '{"rescan_interval_s": 1}'
         return {"action": "append", "metavar": "JSON"}
+    if kind == "choice":
+        return {"metavar": "{" + ",".join(f.metadata["choices"]) + "}"}
     return {"metavar": {"table": "JSON", "object": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}
 
 
 def help_text(f) -> str:
-    """The option's help with its default, environment variable and, for tables, every key."""
+    """The option's help, then its default (unless the help already says what the default is), its
+    environment variable and, for tables, every key's default."""
+    meta = f.metadata
+    notes = []
+    if not re.search(r"\bdefault\b", meta["help"], re.IGNORECASE):
+        notes.append(f"default: {_shown_default(f)}")
+    if meta.get("env"):
+        notes.append(f"env {meta['env']}")
+    return meta["help"] + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _shown_default(f) -> str:
     default = default_of(f)
     if f.metadata["kind"] == "table":
-        keys = ", ".join(f"{sub.name}={default_of(sub)!r}" for sub in f.metadata["table"].__dataclass_fields__.values())
-        shown = "{" + keys + "}"
-    elif f.metadata["kind"] == "choice":
-        shown = f"{default}; one of {', '.join(f.metadata['choices'])}"
-    else:
-        shown = json.dumps(default) if isinstance(default, (dict, tuple)) else str(default)
-    env = f.metadata.get("env")
-    return f"{f.metadata['help']} (default: {shown}" + (f"; env {env})" if env else ")")
+        keys = ((sub.name, default_of(sub)) for sub in fields(f.metadata["table"]))
+        return "{" + ", ".join(f"{name}={'unset' if value is None else repr(value)}" for name, value in keys) + "}"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if default is None or default == ():
+        return "unset"
+    return str(default)
 
 
 def parse_config(argv: Sequence[str], environ: dict | None = None) -> ResolvedConfig:

@@ -198,3 +198,24 @@ def option_fields() -> list:
 
 # Fields an announcement (RUN.json or run_announced) may fill when the operator left them unset.
 ANNOUNCED = ("task", "model_factory", "model_kwargs", "data_factory", "data_kwargs", "app_dir")
+
+# How `evald --help` groups the options: (title, description, options). An option not named here
+# joins the group of the option defined before it in EvaldConfig (so a new option lands beside its
+# neighbours); evald/cli/main.py:grouped_options applies the rule.
+HELP_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("input", "which checkpoints, where results go, how the trainer reaches evald",
+     ("device", "ckpt_dir", "logdir", "run_name", "endpoint", "control_endpoint", "app_dir", "cpu_affinity",
+      "group")),
+    ("security", "who may read evald's state, talk to it, and name code it imports (docs/security.md)",
+     ("state_mode", "server_key", "allowed_keys", "allow_plaintext", "factory_allow")),
+    ("evaluation", "what one evaluation computes, on which samples",
+     ("task", "model_factory", "model_kwargs", "data_factory", "data_kwargs", "subset_size", "subset_seed",
+      "batch_size", "generation", "metric_plugins")),
+    ("scheduling", "which checkpoints to evaluate when they come faster than evaluations, and when to exit",
+     ("lag_policy", "every_k", "foreign_steps_per_epoch", "serve_forever", "idle_exit_s")),
+    ("early stopping", "when to stop training, and the health alerts (docs/early-stopping.md, docs/metrics.md)",
+     ("monitor", "mode", "patience", "min_delta", "stopping_threshold", "divergence_threshold", "check_finite",
+      "stop_margin_steps", "advisory_stop", "health")),
+    ("tuning", "directory watching, retries, swap checks ([tuning] table)", ("tuning",)),
+    ("logging", "", ("log_level", "log_format")),
+)

@@ -23,6 +23,7 @@ from evald.pipeline import provenance
 from evald.pipeline.metrics.uncertainty import SE_SUFFIX, se_tag
 from evald.pipeline.pipeline import Evaluated, Failed, Pipeline, Retry
 from evald.pipeline.tasks.base import EvaluationInterrupted
+from evald.sinks import tensorboard_layout
 
 log = logging.getLogger("evald")
 
@@ -125,6 +126,7 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
             texts[provenance.CHANGE_TAG] = change
             log.warning("step %d is %s", row.step, change)
         kv[provenance.STATE_KEY] = provenance.state(found)
+    _layout_if_new(ledger, row, result.metrics, decisions.monitor, row.commit_time or now)
     record = Record("eval", row.step, row.commit_time or now, scalars, texts)
     ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found)
     metrics = result.metrics
@@ -146,6 +148,18 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
     if outcome.advice:
         log.warning("learning-rate advice at step %d: %s", row.step, outcome.advice["reason"])
     return outcome
+
+
+def _layout_if_new(ledger: Ledger, row: Step, metrics: dict, monitor: str, wall_time: float) -> None:
+    """TensorBoard's Custom Scalars layout, through the outbox, when this evaluation changes what it
+    covers (the first one; a new metric; another monitor): at this step, so one point per step."""
+    state = ledger.get_state(tensorboard_layout.LAYOUT_STATE)
+    cover = tensorboard_layout.covered(state, metrics, monitor)
+    if cover != state:
+        text = tensorboard_layout.layout_text(cover)
+        ledger.add_records([Record(tensorboard_layout.LAYOUT_STREAM, row.step, wall_time, {},
+                                   {tensorboard_layout.LAYOUT_TAG: text})],
+                           kv={tensorboard_layout.LAYOUT_STATE: cover})
 
 
 def _current_step(ctx: Context, step: int) -> int:

@@ -2,7 +2,8 @@
 ledger's outbox), the control channel and its retention leases, the best-checkpoint
 pointer, and the run summary.
 
-- ``tensorboard.py``, ``control.py``, ``leases.py``, ``best_pointer.py``
+- ``tensorboard.py`` (the outbox's writer), ``tensorboard_layout.py`` (the Custom Scalars layout, the shown tags)
+- ``control.py``, ``leases.py``, ``best_pointer.py``
 - ``summary.py`` (summary.json), ``summary_table.py`` (its Markdown table)
 - ``sample_files.py``: the suites' per-sample outputs read back (``evald compare``, the paired SE of a
   suite monitor), validated and bounded

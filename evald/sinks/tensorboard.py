@@ -7,7 +7,9 @@ stream, ``train/`` and ``eval/``, and a tag loses its stream's prefix there, so
 training and evaluation loss on one chart. Tags of other namespaces keep their
 names: ``evald/...`` (timings, lag, decisions; in ``eval/``), ``health/...`` (alerts;
 in ``train/`` with the scalars that raised them) and ``sample/...``. The run summary
-(stream ``summary``) goes to ``eval/``. The ledger keeps the stream-prefixed names.
+(stream ``summary``) and the Custom Scalars layout (stream ``layout``) go to ``eval/``.
+The ledger keeps the stream-prefixed names; a metric's standard error is written as the
+bounds of a margin and the sample texts as ``Samples/...`` (tensorboard_layout.py).
 
 The ledger's outbox (``records``) holds every record evald has decided to write,
 committed with the state change it reports. This sink writes pending records with
@@ -35,6 +37,8 @@ from tensorboardX.summary import scalar as scalar_summary
 from tensorboardX.summary import text as text_summary
 
 from evald.ledger.disk_full import REMIND_S, RETRY_S, is_full
+from evald.sinks.tensorboard_layout import (LAYOUT_STREAM, LAYOUT_TAG, layout_summary, shown_eval_scalars,
+                                            shown_text_tag)
 from evald.ledger.ledger import Ledger, Record
 
 log = logging.getLogger("evald.tensorboard")
@@ -56,12 +60,15 @@ class EventLog:
         self._flush()
 
     def write(self, step: int, wall_time: float, scalars: Mapping[str, float] | None = None,
-              texts: Mapping[str, str] | None = None, flush: bool = True) -> None:
+              texts: Mapping[str, str] | None = None, flush: bool = True,
+              summaries: Iterable[summary_pb2.Summary] = ()) -> None:
         values = []
         for tag, value in (scalars or {}).items():
             values.extend(scalar_summary(tag, float(value)).value)  # NaN and inf are legal values
         for tag, content in (texts or {}).items():
             values.extend(text_summary(tag, content).value)
+        for summary in summaries:
+            values.extend(summary.value)
         if not values:
             return
         event = event_pb2.Event(wall_time=wall_time, step=int(step), summary=summary_pb2.Summary(value=values))
@@ -103,7 +110,7 @@ class EventLog:
         self._writer.close()
 
 
-SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval"}  # stream -> sub-run directory
+SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval", LAYOUT_STREAM: "eval"}  # stream -> sub-run
 STREAM_PREFIXES = {"train": "train/", "eval": "eval/"}           # dropped from tags in the sub-run
 
 
@@ -115,6 +122,17 @@ def shown_tag(stream: str, tag: str) -> str:
     """The tag as TensorBoard shows it in the stream's sub-run: ``eval/loss`` -> ``loss``."""
     prefix = STREAM_PREFIXES.get(stream)
     return tag[len(prefix):] if prefix and tag.startswith(prefix) and len(tag) > len(prefix) else tag
+
+
+def shown(record: Record) -> tuple[dict[str, float], dict[str, str]]:
+    """A record's scalars and texts as written in its sub-run (tensorboard_layout.py says why)."""
+    def name(tag: str) -> str:
+        return shown_tag(record.stream, tag)
+
+    if record.stream == "eval":
+        return (shown_eval_scalars(record.scalars, name),
+                {shown_text_tag(name(k)): v for k, v in record.texts.items()})
+    return {name(k): v for k, v in record.scalars.items()}, {name(k): v for k, v in record.texts.items()}
 
 
 class TensorBoardSink:
@@ -154,10 +172,12 @@ class TensorBoardSink:
                     name = sub_run(record.stream)
                     if name not in self._logs:
                         self._logs[name] = EventLog(self.run_dir / name)
-                    self._logs[name].write(record.step, record.wall_time,
-                                           {shown_tag(record.stream, k): v for k, v in record.scalars.items()},
-                                           {shown_tag(record.stream, k): v for k, v in record.texts.items()},
-                                           flush=False)
+                    if record.stream == LAYOUT_STREAM:  # TensorBoard's custom_scalars layout, not a text
+                        self._logs[name].write(record.step, record.wall_time, flush=False,
+                                               summaries=[layout_summary(record.texts[LAYOUT_TAG])])
+                        continue
+                    scalars, texts = shown(record)
+                    self._logs[name].write(record.step, record.wall_time, scalars, texts, flush=False)
                 for event_log in self._logs.values():
                     event_log.flush()
                 self.ledger.mark_written([r.id for r in chunk])  # type: ignore[misc]
@@ -185,7 +205,8 @@ class TensorBoardSink:
 
 
 def _tags(record: Record) -> set[str]:
-    return {shown_tag(record.stream, tag) for tag in (*record.scalars, *record.texts)}
+    scalars, texts = shown(record)
+    return {*scalars, *texts}
 
 
 def tags_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> dict[int, set[str]]:

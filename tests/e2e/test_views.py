@@ -1,4 +1,4 @@
-"""What a TensorBoard user sees (issue 11): a real short run with evald beside it, then TensorBoard
+"""What a TensorBoard user sees (issues 11 and 18): a real short run with evald beside it, then TensorBoard
 itself on the log directory, asked through its HTTP data API and looked at in headless Chromium.
 
 The browser is Debian's chromium-headless-shell (or chromium); scripts/setup_env.sh installs it
@@ -99,6 +99,46 @@ def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, endpoint
     assert all(pixels_of(shot, color) > 30 for color in strokes), f"{shot} does not show both lines"
     print(f"screenshot: {shot} (attempt {attempt + 1})")
 
+    # Custom Scalars (issue 18): evald's layout as TensorBoard serves it (both runs' layouts merged) ...
+    assert not [t for t in tags["demo/eval"] if t.endswith("_se")]  # no chart of its own for an SE
+    assert {"loss/se_lower", "loss/se_upper", "accuracy/se_lower"} <= set(tags["demo/eval"])
+    layout = get(base, "/data/plugin/custom_scalars/layout")
+    titles = [c["title"] for c in layout["category"]]
+    first = layout["category"][0]
+    assert first["title"] == "loss" and titles[-1] == "evald" and layout["category"][-1].get("closed")
+    assert [c["title"] for c in first["chart"]] == ["loss (train and eval)", "eval loss ± SE"]
+    assert first["chart"][0]["multiline"]["tag"] == ["^loss$"]
+    assert first["chart"][1]["margin"]["series"] == [{"value": "loss", "lower": "loss/se_lower",
+                                                      "upper": "loss/se_upper"}]
+    assert len(titles) == len(set(titles))  # the two runs' layouts merged, not repeated
+    # ... the samples first among the texts (TensorBoard's Text page sorts the tags) ...
+    text_tags = get(base, "/data/plugin/text/tags")["demo/eval"]
+    assert sorted(text_tags)[0].startswith("Samples/"), sorted(text_tags)
+    # ... and the first screen of the Custom Scalars page: the first chart draws a line per run (the
+    # palette's colours), the second the eval loss with its ±SE band (the line colour, lightened).
+    page = f"{base}/?forceSVG=true#custom_scalars"
+    shot = tmp_path / "custom_scalars.png"
+    for attempt in range(10):
+        chromium_run(chromium, tmp_path, f"--screenshot={shot}", page, profile=f"custom-{attempt}")
+        lines = [c for c in PALETTE if pixels_of(shot, c, LOSS_CHART) > 30]
+        band = pixels_of(shot, BAND, MARGIN_CHART, tolerance=30)
+        if len(lines) >= 2 and band > 100:
+            break
+    assert len(lines) >= 2, f"{shot}: the loss chart does not draw the train and the eval line"
+    assert band > 100, f"{shot}: the eval loss chart has no ±SE band ({band} pixels)"
+    text_shot = tmp_path / "text.png"  # for whoever looks: the Text page opens on the samples
+    chromium_run(chromium, tmp_path, f"--screenshot={text_shot}", f"{base}/#text", profile="text")
+    print(f"screenshots: {shot} (attempt {attempt + 1}), {text_shot}")
+
+
+# TensorBoard's run colours (its default palette) and where the Custom Scalars page draws its first
+# two charts in a 1400x1000 window: the plot areas of "loss (train and eval)" and "eval loss ± SE".
+PALETTE = ("rgb(255, 112, 67)", "rgb(0, 119, 187)", "rgb(204, 51, 17)", "rgb(51, 187, 238)",
+           "rgb(238, 51, 119)", "rgb(0, 153, 136)")
+BAND = "rgb(178, 214, 234)"  # rgb(0, 119, 187) at the margin's opacity over white
+LOSS_CHART = (440, 150, 720, 335)
+MARGIN_CHART = (790, 150, 1070, 335)
+
 
 def chromium_run(chromium: str, tmp_path: Path, *args: str, profile: str) -> subprocess.CompletedProcess:
     """Each run with a fresh profile: TensorBoard keeps view settings in the browser's storage."""
@@ -109,13 +149,14 @@ def chromium_run(chromium: str, tmp_path: Path, *args: str, profile: str) -> sub
     return result
 
 
-def pixels_of(png: Path, rgb: str) -> int:
-    """Pixels of the colour ``rgb(r, g, b)`` (nearly) in the cards' area of the 1400x1000 screenshot:
-    the plot area of the first card: right of the run list and above the legend (whose dots have the
-    same colours), left of the settings."""
+def pixels_of(png: Path, rgb: str, box: tuple[int, int, int, int] = (300, 190, 1140, 470),
+              tolerance: int = 24) -> int:
+    """Pixels of the colour ``rgb(r, g, b)`` (nearly) in ``box`` of the 1400x1000 screenshot; by default
+    the Time Series page's first card: right of the run list and above the legend (whose dots have
+    the same colours), left of the settings."""
     from PIL import Image  # pillow comes with mindspore
 
     want = tuple(int(v) for v in re.findall(r"\d+", rgb))
-    data = Image.open(png).convert("RGB").crop((300, 190, 1140, 470)).tobytes()
+    data = Image.open(png).convert("RGB").crop(box).tobytes()
     return sum(1 for pixel in zip(data[0::3], data[1::3], data[2::3])
-               if sum(abs(a - b) for a, b in zip(pixel, want)) < 24)
+               if sum(abs(a - b) for a, b in zip(pixel, want)) < tolerance)

@@ -180,6 +180,8 @@ def check(logdir, crash: str = "no crash") -> None:
         ledger.close()
     assert raw_scalar_steps(logdir, "eval/loss") == list(STEPS), crash  # one point per step, ever
     assert raw_scalar_steps(logdir, "evald/evaluate_s") == list(STEPS), crash
+    # TensorBoard's Custom Scalars layout: once, at the first evaluation, whatever crashed in between
+    assert raw_scalar_steps(logdir, "eval/custom_scalars__config__") == [STEPS[0]], crash
     from tests.faults import tb_texts
 
     summaries = [step for step, tag, _ in tb_texts(logdir, "evald/summary")]

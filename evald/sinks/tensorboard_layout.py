@@ -1,0 +1,128 @@
+"""What a TensorBoard reader sees first: the Custom Scalars layout, and how the ledger's tags are shown.
+
+TensorBoard's Time Series and Scalars pages sort tag groups by name, so they open on whatever
+metric sorts first (``accuracy``), not on loss. TensorBoard's own ``custom_scalars`` plugin
+shows a layout the writer chooses, in the order it chooses; evald writes one per run:
+
+1. "loss and <monitor>": train and eval loss on one chart (``^loss$`` matches the tag in both
+   sub-runs), eval loss ± one standard error, and the monitored metric ± its SE;
+2. "eval metrics ± standard error": every other eval metric as a margin chart (value, value - SE,
+   value + SE) in place of a chart of its own for the SE;
+3. "sample quality" and 4. "evald" (timings, lag, queue, counts: bookkeeping), both closed.
+
+Shown tags (the ledger keeps its own names): a metric's standard error ``eval/<m>_se`` is written
+as ``<m>/se_lower`` and ``<m>/se_upper`` (the margin's bounds, in ``<m>``'s own group, not a
+group of their own), and the sample texts ``sample/<mode>`` as ``Samples/<mode>``: TensorBoard's
+Text page sorts groups by code point, so the capital puts the samples before ``evald/``'s
+provenance, subset and decision texts.
+
+The layout is a record of the ledger's outbox like any other (stream ``layout``, in the ``eval/``
+sub-run), so it is written exactly once and survives crashes. It is added only when it changes:
+at the first evaluation, and again only when a later evaluation brings a metric the layout did
+not have or the monitor changed, at that evaluation's step (one point per step).
+
+Imports tensorboardX (its layout proto and custom_scalars summary) and nothing of evald.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+LAYOUT_STREAM = "layout"
+LAYOUT_TAG = "custom_scalars__config__"  # the custom_scalars plugin's own tag (its metadata.CONFIG_SUMMARY_TAG)
+LAYOUT_STATE = "tensorboard_layout"      # ledger kv: the metric names and monitor the written layout covers
+SE_SUFFIX = "_se"                        # evald.pipeline.metrics.uncertainty.SE_SUFFIX: eval/loss -> eval/loss_se
+SAMPLE_TEXTS = ("sample/", "Samples/")   # ledger prefix -> shown prefix of the sample texts
+CLOSED = ("sample quality", "evald")
+
+# evald's bookkeeping scalars, grouped into charts of one unit each
+BOOKKEEPING = {
+    "seconds per checkpoint (load, evaluate, verify)": r"^evald/(load|evaluate|verify)_s$",
+    "lag behind training (steps)": r"^evald/lag_steps$",
+    "lag behind the commit (seconds)": r"^evald/lag_s$",
+    "checkpoints waiting": r"^evald/queue_depth$",
+    "skipped, failed, bad messages (totals)": r"^evald/(skipped|failed|bad_messages)_total$",
+}
+
+
+def bounds(name: str) -> tuple[str, str]:
+    """The shown tags of ``name`` - SE and ``name`` + SE (``name`` as shown: ``loss``)."""
+    return f"{name}/se_lower", f"{name}/se_upper"
+
+
+def shown_eval_scalars(scalars: Mapping[str, float], shown) -> dict[str, float]:
+    """An eval record's scalars as written: ``shown(tag)`` names each; a metric's SE becomes its bounds."""
+    out: dict[str, float] = {}
+    for tag, value in scalars.items():
+        base = tag[: -len(SE_SUFFIX)] if tag.endswith(SE_SUFFIX) else None
+        if base is not None and base in scalars:
+            lower, upper = bounds(shown(base))
+            out[lower], out[upper] = scalars[base] - value, scalars[base] + value
+        else:
+            out[shown(tag)] = value
+    return out
+
+
+def shown_text_tag(tag: str) -> str:
+    ledger, shown = SAMPLE_TEXTS
+    return shown + tag[len(ledger):] if tag.startswith(ledger) else tag
+
+
+def covered(state: Mapping[str, Any] | None, metrics: Iterable[str], monitor: str) -> dict[str, Any]:
+    """What the layout should cover now: every metric seen so far (the state's and ``metrics``) and the monitor."""
+    seen = set((state or {}).get("metrics", ())) | {m for m in metrics if m.startswith(("eval/", "sample/"))}
+    return {"metrics": sorted(seen), "monitor": monitor}
+
+
+def layout(cover: Mapping[str, Any]) -> dict[str, dict[str, list]]:
+    """tensorboardX's layout dict, ``{category: {chart: ["Multiline"|"Margin", tags]}}``, in display order.
+
+    The same metric names and monitor give the same layout, so runs sharing a log directory merge
+    into one (the plugin drops identical charts of same-named categories)."""
+    metrics, monitor = set(cover["metrics"]), cover["monitor"]
+    values = sorted(m for m in metrics if m.startswith("eval/") and not m.endswith(SE_SUFFIX))
+
+    def chart(metric: str) -> list:
+        name = metric.removeprefix("eval/")
+        if metric + SE_SUFFIX in metrics:
+            return ["Margin", [name, *bounds(name)]]
+        return ["Multiline", [f"^{name}$"]]
+
+    def title(metric: str) -> str:
+        name = metric.removeprefix("eval/")
+        return f"eval {name} ± SE" if metric + SE_SUFFIX in metrics else f"eval {name}"
+
+    first: dict[str, list] = {"loss (train and eval)": ["Multiline", ["^loss$"]]}
+    for metric in dict.fromkeys(["eval/loss", monitor]):
+        if metric in values:
+            first[title(metric)] = chart(metric)
+    heading = "loss" if monitor == "eval/loss" else f"loss and {monitor.removeprefix('eval/')}"
+    out = {heading: first}
+    rest = {title(m): chart(m) for m in values if m not in ("eval/loss", monitor)}
+    if rest:
+        out["eval metrics ± standard error"] = rest
+    modes = sorted({m.split("/")[1] for m in metrics if m.startswith("sample/") and m.count("/") >= 2})
+    if modes:
+        out["sample quality"] = {f"{mode} continuations": ["Multiline", [f"^sample/{mode}/"]] for mode in modes}
+    out["evald"] = {name: ["Multiline", [regex]] for name, regex in BOOKKEEPING.items()}
+    return out
+
+
+def layout_text(cover: Mapping[str, Any]) -> str:
+    return json.dumps(layout(cover))
+
+
+def layout_summary(text: str):
+    """The custom_scalars summary of a layout record (tensorboardX builds it; evald's categories
+    after the first two are closed, which tensorboardX's helper cannot say)."""
+    from tensorboardX.proto import layout_pb2
+    from tensorboardX.summary import custom_scalars
+
+    summary = custom_scalars(json.loads(text))
+    value = summary.value[0]
+    proto = layout_pb2.Layout.FromString(value.tensor.string_val[0])
+    for category in proto.category:
+        category.closed = category.title in CLOSED
+    value.tensor.string_val[0] = proto.SerializeToString()
+    return summary
