@@ -18,6 +18,7 @@ import argparse
 import os
 import re
 import sys
+from pathlib import Path
 from dataclasses import fields
 from typing import Sequence
 
@@ -144,6 +145,26 @@ def configured_suite_metrics(config) -> dict[str, dict[str, list[str]]]:
     return {}
 
 
+def keep_framework_logs_out_of_cwd(config, environ=os.environ) -> None:
+    """MindFormers, imported by a model factory, writes its logs to ``./output/log`` unless
+    ``LOG_MF_PATH`` names another place (its ``get_log_path``): started from the training folder,
+    evald would create ``output/`` in the trainer's tree and write into its ``info.log``. Point it
+    at evald's own state, beside the run directories (or the private socket directory before the
+    checkpoint directory is known), unless the operator chose a place."""
+    if environ.get("LOG_MF_PATH"):
+        return
+    from evald.contracts.wire import default_socket_dir
+    from evald.daemon.run_dir import default_logdir
+
+    if config.logdir:
+        base = Path(config.logdir)
+    elif config.ckpt_dir:
+        base = default_logdir(Path(config.ckpt_dir))
+    else:
+        base = default_socket_dir()
+    environ["LOG_MF_PATH"] = str(base.resolve() / "mindformers-log")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
@@ -160,6 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from evald.daemon.eval_group import main as group_main
 
         return group_main(resolved, argv)
+    keep_framework_logs_out_of_cwd(config)
     if config.cpu_affinity:
         os.sched_setaffinity(0, parse_cpus(config.cpu_affinity))  # before mindspore starts its threads
     logs.configure(config.log_level, config.log_format)

@@ -81,10 +81,19 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         "last_evaluation": None if last is None else {"step": last.step, "metrics": last.metrics,
                                                       "finished_at": times[last.step][2]},
         "best": {"step": early_stop.get("best_step"), "value": early_stop.get("best")},
-        "stop": None if control.get("stop_at_step") is None else {"at_step": control["stop_at_step"],
-                                                                   "reason": control.get("stop_reason", "")},
+        "stop": _stop(control),
         "summarised": summarised is not None,
     }
+
+
+def _stop(control: dict[str, Any]) -> dict[str, Any] | None:
+    """The stop decision; advisory when the run had ended before it (the summary says so)."""
+    if control.get("stop_at_step") is None:
+        return None
+    summary = control.get("summary") or {}
+    advisory = not summary.get("stopped_early", True) if summary else False
+    return {"at_step": control["stop_at_step"], "reason": control.get("stop_reason", ""), "advisory": advisory,
+            "final_step": summary.get("final_step")}
 
 
 def _lag_steps(waiting: list, newest_evaluated: int | None) -> int | None:
@@ -167,7 +176,13 @@ def render(info: dict[str, Any]) -> str:
     best, stop = info["best"], info["stop"]
     shown_best = "-" if best["step"] is None else f"step {best['step']} ({_number(best['value'])})"
     lines.append(f"best         {shown_best}")
-    lines.append("stop         " + ("-" if stop is None else f"at step {stop['at_step']}: {stop['reason']}"))
+    if stop is None:
+        lines.append("stop         -")
+    elif stop.get("advisory"):
+        lines.append(f"stop         none: decided after the run ended at step {stop['final_step']} (advisory, "
+                     f"would have been step {stop['at_step']}): {stop['reason']}")
+    else:
+        lines.append(f"stop         at step {stop['at_step']}: {stop['reason']}")
     if info["failures"] or info["rejected_files"]:
         lines += ["", "failures (evald retry re-queues them)", "  step       state    file / reason"]
         lines += [f"  {f['step']:<10} {f['state']:<8} {f['file']}: {f['reason']}" for f in info["failures"]]

@@ -205,8 +205,7 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
     jobs = []
     for spec in manifest.files:
         params = [p for p in manifest.params if p.file == spec.name]
-        expected = None if manifest.layout_version == 1 else [
-            sio.Segment(p.name, p.dtype, p.shape, p.offset) for p in params]
+        expected = [sio.Segment(p.name, p.dtype, p.shape, p.offset) for p in params]
         jobs.append({"path": step_dir / spec.name, "nbytes": spec.bytes, "digest": spec.digest,
                      "algorithm": manifest.hash_algorithm, "expected": expected,
                      "into": {p.name: into[p.name] for p in params if p.name in into}})
@@ -215,7 +214,7 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
     except sio.WeightsFileError as exc:
         raise LayoutError(str(exc)) from exc
     found = {(n, a.dtype.name, tuple(a.shape)) for n, a in arrays.items()}
-    if found != {(p.name, p.dtype, p.shape) for p in manifest.params}:  # version 1: no offsets to compare
+    if found != {(p.name, p.dtype, p.shape) for p in manifest.params}:
         raise LayoutError(f"{step_dir}: the weights files hold other tensors (names, dtypes or shapes) "
                           f"than {MANIFEST_FILE} lists")
     return {p.name: arrays[p.name] for p in manifest.params}

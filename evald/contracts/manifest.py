@@ -4,8 +4,9 @@ Part of the layout contract; import these names from evald.contracts.layout.
 Documented in docs/checkpoint-layout.md. Version 2 lists every weights file
 (name, bytes, digest) and, for every parameter, its file, dtype, shape and
 absolute byte offset, and names its integrity check and that check's version
-(evald.contracts.integrity: xxh3-128 by default, or sha256). Version 1 (one
-``weights.safetensors`` with ``weights_sha256``) is still read. Everything is
+(evald.contracts.integrity: xxh3-128 by default, or sha256); version 3 is a part
+of a partitioned snapshot. Nothing released wrote another version, so any other is
+refused with a clear error. Everything is
 validated here, once, before any weights file is opened: a known integrity check,
 a file name cannot leave the checkpoint directory, no parameter can reach past
 its file's declared size.
@@ -25,7 +26,7 @@ from evald.contracts import safetensors_io as sio
 from evald.contracts.partition import PARTS_LAYOUT_VERSION, PartInfo, PartitionError, SliceSpec
 
 LAYOUT_VERSION = 2                  # a whole snapshot; a part of a partitioned one is PARTS_LAYOUT_VERSION
-READABLE_VERSIONS = (1, 2, PARTS_LAYOUT_VERSION)
+READABLE_VERSIONS = (2, PARTS_LAYOUT_VERSION)
 MANIFEST_FILE = "MANIFEST.json"
 WEIGHTS_FILE = "weights.safetensors"
 HASH_ALGORITHM = integrity.DEFAULT          # what a writer uses unless told; why: docs/performance.md
@@ -49,7 +50,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     dtype: str                      # numpy dtype name
     file: str = WEIGHTS_FILE        # the weights file that holds it
-    offset: int | None = None       # absolute byte offset in that file; None in version 1
+    offset: int | None = None       # absolute byte offset in that file
     sliced: SliceSpec | None = None  # version 3: the region of the full parameter this entry holds
 
 
@@ -86,42 +87,18 @@ class Manifest:
     parts: PartInfo | None = None   # version 3: which part of the snapshot this is
     hash_version: int = HASH_VERSION  # of ``hash_algorithm`` (evald.contracts.integrity)
 
-    # Version-1 names, for callers that predate several files.
-    @property
-    def weights_file(self) -> str:
-        return self._single().name
-
-    @property
-    def weights_bytes(self) -> int:
-        return self._single().bytes
-
-    @property
-    def weights_sha256(self) -> str:
-        return self._single().digest
-
-    def _single(self) -> FileSpec:
-        if len(self.files) != 1 or self.hash_algorithm != "sha256":
-            raise LayoutError(f"step {self.step}: {len(self.files)} {self.hash_algorithm}-hashed weights "
-                              f"files; use Manifest.files")
-        return self.files[0]
-
     def to_json(self) -> str:
         data = {k: v for k, v in asdict(self).items()
                 if k not in ("files", "params", "hash_algorithm", "hash_version", "parts")}
-        if self.layout_version == 1:
-            data.update(weights_file=self.weights_file, weights_bytes=self.weights_bytes,
-                        weights_sha256=self.weights_sha256,
-                        params=[{"name": p.name, "shape": list(p.shape), "dtype": p.dtype} for p in self.params])
-        else:
-            data["hash"] = {"algorithm": self.hash_algorithm, "version": self.hash_version}
-            data["files"] = [{"name": f.name, "bytes": f.bytes, "digest": f.digest} for f in self.files]
-            data["params"] = [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "file": p.file,
-                               "offset": p.offset, **(p.sliced.to_json() if p.sliced else {})}
-                              for p in self.params]
-            if self.parts is not None:
-                data["parts"] = self.parts.to_json()
-                for f, spec in zip(data["files"], self.files):
-                    f["rank"] = spec.rank
+        data["hash"] = {"algorithm": self.hash_algorithm, "version": self.hash_version}
+        data["files"] = [{"name": f.name, "bytes": f.bytes, "digest": f.digest} for f in self.files]
+        data["params"] = [{"name": p.name, "shape": list(p.shape), "dtype": p.dtype, "file": p.file,
+                           "offset": p.offset, **(p.sliced.to_json() if p.sliced else {})}
+                          for p in self.params]
+        if self.parts is not None:
+            data["parts"] = self.parts.to_json()
+            for f, spec in zip(data["files"], self.files):
+                f["rank"] = spec.rank
         return json.dumps(data, indent=1, sort_keys=True)
 
     @classmethod
@@ -137,22 +114,15 @@ class Manifest:
             if version != PARTS_LAYOUT_VERSION:
                 _refuse_partitioned(data, source)
             manifest_fields.check(data, version)  # every value within bounds before it is used
-            if version == 1:
-                algorithm, hash_version = "sha256", 1
-                files = (FileSpec(str(data["weights_file"]), int(data["weights_bytes"]),
-                                  str(data["weights_sha256"])),)
-                params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), files[0].name)
-                               for p in data["params"])
-            else:
-                algorithm, hash_version = data["hash"]["algorithm"], data["hash"]["version"]
-                try:  # the one place a manifest's check is judged: before any weights file is opened
-                    integrity.lookup(algorithm, hash_version, source)
-                except integrity.UnknownCheck as exc:
-                    raise LayoutError(str(exc)) from exc
-                files = tuple(FileSpec(str(f["name"]), int(f["bytes"]), str(f["digest"]),
-                                       None if f.get("rank") is None else int(f["rank"])) for f in data["files"])
-                params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), str(p["file"]),
-                                         int(p["offset"]), SliceSpec.from_json(p)) for p in data["params"])
+            algorithm, hash_version = data["hash"]["algorithm"], data["hash"]["version"]
+            try:  # the one place a manifest's check is judged: before any weights file is opened
+                integrity.lookup(algorithm, hash_version, source)
+            except integrity.UnknownCheck as exc:
+                raise LayoutError(str(exc)) from exc
+            files = tuple(FileSpec(str(f["name"]), int(f["bytes"]), str(f["digest"]),
+                                   None if f.get("rank") is None else int(f["rank"])) for f in data["files"])
+            params = tuple(ParamSpec(str(p["name"]), _shape(p["shape"]), str(p["dtype"]), str(p["file"]),
+                                     int(p["offset"]), SliceSpec.from_json(p)) for p in data["params"])
             manifest = cls(
                 run_id=str(data["run_id"]),
                 step=int(data["step"]),

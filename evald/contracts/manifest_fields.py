@@ -54,19 +54,14 @@ def check(data: Mapping[str, Any], version: int) -> None:
         F.uint(data["epoch"], "epoch")
     if F.finite(_get(data, "commit_time"), "commit_time") < 0:
         raise ManifestFieldError(f"commit_time {data['commit_time']!r} is before 1970")
-    if version == 1:
-        _short(_get(data, "weights_file"), "weights_file", MAX_FILE_NAME_BYTES)
-        F.uint(_get(data, "weights_bytes"), "weights_bytes")
-        _short(_get(data, "weights_sha256"), "weights_sha256")
-    else:
-        hash_spec = _object(_get(data, "hash"), "hash")
-        _short(_get(hash_spec, "algorithm", "hash."), "hash.algorithm")
-        F.uint(_get(hash_spec, "version", "hash."), "hash.version")
-        for i, spec in enumerate(_list(_get(data, "files"), "files")):
-            spec = _object(spec, f"files[{i}]")
-            _short(_get(spec, "name", f"files[{i}]."), f"files[{i}].name", MAX_FILE_NAME_BYTES)
-            F.uint(_get(spec, "bytes", f"files[{i}]."), f"files[{i}].bytes")
-            _short(_get(spec, "digest", f"files[{i}]."), f"files[{i}].digest")
+    hash_spec = _object(_get(data, "hash"), "hash")
+    _short(_get(hash_spec, "algorithm", "hash."), "hash.algorithm")
+    F.uint(_get(hash_spec, "version", "hash."), "hash.version")
+    for i, spec in enumerate(_list(_get(data, "files"), "files")):
+        spec = _object(spec, f"files[{i}]")
+        _short(_get(spec, "name", f"files[{i}]."), f"files[{i}].name", MAX_FILE_NAME_BYTES)
+        F.uint(_get(spec, "bytes", f"files[{i}]."), f"files[{i}].bytes")
+        _short(_get(spec, "digest", f"files[{i}]."), f"files[{i}].digest")
     for i, param in enumerate(_list(_get(data, "params"), "params")):
         param = _object(param, f"params[{i}]")
         F.text(_get(param, "name", f"params[{i}]."), f"params[{i}].name", MAX_PARAM_NAME_BYTES, empty=False,

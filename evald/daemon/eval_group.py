@@ -64,15 +64,19 @@ def log_dir_of(resolved: ResolvedConfig) -> Path:
 
 
 def msrun_command(resolved: ResolvedConfig, argv: Sequence[str], log_dir: Path, port: int) -> list[str]:
-    """msrun's command line for this host of the group: workers run ``python -m evald ARGV``."""
+    """msrun's command line for this host of the group: workers run ``python -P -m evald ARGV``.
+
+    ``-P``: the workers start in the caller's directory, and ``-m`` would put that directory first on
+    ``sys.path``, so a folder named ``evald`` there (the checkout, seen from its parent) would shadow
+    the installed package in every rank."""
     config, group = resolved.config, resolved.config.group
     local = len(config.device.ids)
-    cmd = [sys.executable, "-c", MSRUN, f"--worker_num={local * group.nodes}", f"--local_worker_num={local}",
+    cmd = [sys.executable, "-P", "-c", MSRUN, f"--worker_num={local * group.nodes}", f"--local_worker_num={local}",
            f"--master_addr={group.master_addr}", f"--master_port={port}", f"--log_dir={log_dir}", "--join=True",
            f"--cluster_time_out={group.cluster_time_out}", f"--tail_worker_log={group.node_rank * local}"]
     if group.nodes > 1:
         cmd.append(f"--node_rank={group.node_rank}")  # ranks node_rank*local.. : rank 0 is node 0's first device
-    return cmd + ["python", "-m", "evald", *argv]
+    return cmd + ["python", "-P", "-m", "evald", *argv]
 
 
 def _free_port() -> int:
@@ -121,8 +125,27 @@ def launch(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
         code = 0 if rc == 0 else 1
         if rc != 0:
             log.error("the eval group ended with an error (msrun exit %s): a rank failed or died; see %s. A "
-                      "step under way was not recorded and is evaluated again at the next start", rc, log_dir)
+                      "step under way was not recorded and is evaluated again at the next start%s", rc, log_dir,
+                      "".join(f"\n  {name}: {text}" for name, text in first_errors(log_dir)))
     return code
+
+
+def first_errors(log_dir: Path, lines: int = 6) -> list[tuple[str, str]]:
+    """The first lines of each rank's error (from its worker log), so that a dead rank says why here."""
+    found = []
+    for path in sorted(log_dir.glob("worker_*.log")):
+        try:
+            text = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for at, line in enumerate(text):
+            if line.startswith("Traceback") or "Error:" in line:
+                end = next((i for i in range(at, len(text)) if "Error" in text[i] and ":" in text[i]
+                            and not text[i].startswith(" ")), at)
+                shown = text[at:at + lines] + ([text[end]] if end >= at + lines else [])
+                found.append((path.name, "\n    ".join(s.rstrip() for s in shown)))
+                break
+    return found
 
 
 def _rank0_code(path: Path) -> int | None:

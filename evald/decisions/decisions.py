@@ -125,6 +125,16 @@ class Decisions:
             self.trend.add(scalars["loss"])
         return {a.tag: a.message for a in self.health.observe_train(step, scalars)}
 
+    def stop_after_end(self, final_step: int, end_reason: str) -> dict[str, Any] | None:
+        """A stop decision that training never obeyed: decided after the run had already ended at
+        ``final_step`` (or the trainer completed anyway). It is advisory, said as such, not a stop."""
+        if self.stop_at_step is None:
+            return None
+        if end_reason == "completed" or self.stop_at_step > final_step:
+            return {"stop_at_step": self.stop_at_step, "reason": self.stop_reason,
+                    "note": f"decided after the run ended at step {final_step}: advisory, training was not stopped"}
+        return None
+
     def finish(self, summary: Mapping[str, Any]) -> None:
         self.summary = dict(summary)
         self.seq += 1

@@ -27,10 +27,11 @@ def write_run_summary(ledger: Ledger, decisions: Decisions, run_dir: Path, run_i
     """The summary of the run that ended with ``run_end``; None if it was written already."""
     if ledger.get_state("summarised") == [run_id, run_end.final_step]:
         return None
+    late = decisions.stop_after_end(run_end.final_step, run_end.reason)
     summary = {"run_id": run_id, "final_step": run_end.final_step, "training_end_reason": run_end.reason,
                "monitor": monitor, "best_step": decisions.best_step, "best_value": decisions.best_value,
-               "stopped_early": decisions.stop_at_step is not None, "checkpoints": ledger.counts(),
-               "advisory_stop": decisions.advisory_stop}
+               "stopped_early": decisions.stop_at_step is not None and late is None, "checkpoints": ledger.counts(),
+               "advisory_stop": decisions.advisory_stop or late}
     decisions.finish(summary)
     text = json.dumps(summary, indent=1)
     ledger.disk.retry("summary.json", lambda: layout.atomic_write_text(run_dir / "summary.json", text))

@@ -1,5 +1,5 @@
 """Layout version 2 at scale: several files hashed as written, read once into place, checked at
-every boundary; version-1 checkpoints still read. Real files throughout (small ones)."""
+every boundary; version-1 checkpoints refused. Real files throughout (small ones)."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_a_header_that_disagrees_with_the_manifest_is_refused(sharded):
 
 
 def write_version_1(ckpt_dir: Path, step: int, w: dict) -> Path:
-    """A checkpoint exactly as layout version 1 committed it (before this change)."""
+    """A checkpoint as the unreleased layout version 1 committed it."""
     path = ckpt_dir / layout.step_dir_name(step)
     path.mkdir(parents=True)
     save_file(w, str(path / "weights.safetensors"))
@@ -219,29 +219,11 @@ def write_version_1(ckpt_dir: Path, step: int, w: dict) -> Path:
     return path
 
 
-def test_version_1_checkpoints_are_still_read_and_verified(tmp_path):
-    w = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(3, np.int64)}
-    path = write_version_1(tmp_path, 9, w)
-    manifest = layout.read_manifest(path)
-    assert manifest.layout_version == 1 and manifest.weights_file == "weights.safetensors"
-    assert manifest.resume.learning_rate == 0.1
-    assert layout.Manifest.from_json(manifest.to_json()) == manifest
-    into = {"a": np.empty((3, 4), np.float32)}
-    out = layout.read_checkpoint(path, manifest, into=into)
-    assert out["a"] is into["a"] and all(np.array_equal(out[k], w[k]) for k in w)
-    assert layout.list_committed(tmp_path) == [(9, path)]
-    data = bytearray((path / "weights.safetensors").read_bytes())
-    data[-1] ^= 1
-    (path / "weights.safetensors").write_bytes(bytes(data))
-    with pytest.raises(layout.LayoutError, match="sha256"):
-        layout.read_checkpoint(path, manifest)
-
-
-def test_version_1_manifest_listing_other_tensors_is_refused(tmp_path):
+def test_a_version_1_checkpoint_is_refused_with_a_clear_error(tmp_path):
+    """No reader for layout version 1: nothing released ever wrote it (issue 16)."""
     path = write_version_1(tmp_path, 9, {"a": np.zeros(3, np.float32)})
-    edit_manifest(path, lambda d: d["params"][0].update(shape=[1, 3]))
-    with pytest.raises(layout.LayoutError, match="other tensors"):
-        layout.read_checkpoint(path, layout.read_manifest(path))
+    with pytest.raises(layout.LayoutError, match=r"layout_version 1 is not one this code reads \(2, 3\)"):
+        layout.read_manifest(path)
 
 
 DTYPES = ["float32", "float16", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
