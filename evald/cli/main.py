@@ -57,7 +57,7 @@ def _how(f) -> dict:
         return {"action": "append", "metavar": "MODULE:CLASS"}
     if kind == "table":  # repeatable: --tuning '{"watch": "polling"}' --tuning '{"rescan_interval_s": 1}'
         return {"action": "append", "metavar": "JSON"}
-    return {"metavar": {"table": "JSON", "object": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}
+    return {"metavar": {"table": "JSON", "object": "JSON", "suites": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}
 
 
 def help_text(f) -> str:
