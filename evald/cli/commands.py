@@ -73,6 +73,9 @@ def retry(argv: Sequence[str]) -> int:
 
     p = argparse.ArgumentParser(prog="evald retry", description=retry.__doc__ + ".")
     p.add_argument("steps", nargs="*", type=int, metavar="STEP", help="steps to re-queue (default: every failure)")
+    p.add_argument("--step", type=int, action="append", dest="again", metavar="STEP",
+                   help="evaluate STEP again even if it was evaluated: its result is kept, marked superseded, and "
+                        "the new one becomes current (repeatable)")
     _which_run(p)
     args = p.parse_args(list(argv))
     path = _run_path(args, "evald retry")
@@ -80,7 +83,8 @@ def retry(argv: Sequence[str]) -> int:
         return 2
     ledger = Ledger(path / LEDGER_FILE)
     try:
-        done = requeue(ledger, args.steps or None, "re-queued by evald retry")
+        wanted = sorted(set(args.steps or []) | set(args.again or [])) or None
+        done = requeue(ledger, wanted, "re-queued by evald retry", evaluated_too=bool(args.again))
     finally:
         ledger.close()
     holder = lock_holder(path / "evald.lock")

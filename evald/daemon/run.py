@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evald.daemon import turn as evaluation
+from evald.daemon import suite_turn, turn as evaluation
 
 from evald.intake import trust
 from evald.config import ConfigError, ResolvedConfig, with_announcement
@@ -32,10 +32,10 @@ from evald.decisions.decisions import Decisions
 from evald.ledger.disk_full import retry
 from evald.intake.intake import Intake
 from evald.sinks.leases import Leases
-from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
+from evald.ledger.ledger import EVALUATED, EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.files.mindformers import entry_name
 from evald.pipeline.pipeline import Pipeline
-from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
+from evald.ledger.requeue import RETRY, RetryWatch, requeue_if_config_changed
 from evald.daemon.run_dir import LEDGER_FILE
 from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.sinks.best_pointer import write_best_pointer
@@ -78,6 +78,7 @@ class Run:
         self.run_end: RunFinished | None = None
         self._end_learned_at = self._blocked_said_at = 0.0
         self._last_rescan = time.monotonic()
+        self._identities_for: Any = None
         self.discovery = Discovery(ckpt_dir, events, watch=self.config.tuning.watch,
                                    polling_interval_s=self.config.tuning.polling_interval_s)
         self._read_announcement()
@@ -209,6 +210,9 @@ class Run:
         """Build the evaluation network if its factories are known; False while it cannot be."""
         was_ready = self.pipeline.evaluator is not None
         ready = self.pipeline.ensure_built(self.config)
+        if ready and self._identities_for is not self.pipeline.evaluator:
+            self._identities_for = self.pipeline.evaluator  # once per build: results of other identities
+            suite_turn.on_built(self.ledger, self.pipeline)
         if ready:
             requeue_if_config_changed(self.ledger, self.config, network_known=True)
         if ready and not was_ready:
@@ -219,7 +223,13 @@ class Run:
     def work(self) -> bool:
         """Evaluate or skip one queued step; True if something was done."""
         if not self.ledger.steps(QUEUED):
-            return False
+            if not self.prepare():
+                return False
+            suite_turn.take_backfill_requests(self.ledger, self.pipeline)
+            done = suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
+                                             max_attempts=self.config.tuning.max_attempts)
+            self.tensorboard.drain()
+            return done
         if not self.prepare():
             if time.monotonic() - self._blocked_said_at > BLOCKED_REMINDER_S:
                 self._blocked_said_at = time.monotonic()
@@ -236,6 +246,16 @@ class Run:
             max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
+        if done is not None and done[1] is not None and self.pipeline.suites:  # its cells, on the weights held
+            if suite_turn.queue_for_step(self.ledger, self.pipeline, done[0].step):
+                suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
+                                          max_attempts=self.config.tuning.max_attempts, step=done[0].step)
+                self.tensorboard.drain()
+        if done is not None and done[1] is not None and done[0].found_via == RETRY and self.ledger.superseded(
+                done[0].step):  # a re-evaluation: the best comes from current results only (issue 18.2)
+            self.decisions.rebuild_best({row.step: row.metrics or {} for row in self.ledger.steps(EVALUATED)})
+            self.ledger.put_state("decisions", self.decisions.state_dict())
+            self._write_best_pointer()
         if done is not None and done[1] is not None:
             if done[1].improved:
                 self._write_best_pointer()
@@ -257,7 +277,7 @@ class Run:
     def complete(self) -> bool:
         """The run has finished and every one of its checkpoints has been dealt with."""
         if (self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling
-                or self.intake.unreadable):
+                or self.intake.unreadable or suite_turn.waiting_cells(self.ledger, self.pipeline)):
             return False
         final = self.ledger.step(self.run_end.final_step)
         if final is not None and final.state in FINAL_STATES:

@@ -87,7 +87,7 @@ class SuiteRunner:
         started = time.time()
         self.name, self.options = name, options
         self.lm_eval_version = getattr(lm_eval, "__version__", "unknown")
-        self.task_manager = TaskManager(include_path=list(options.include_path) or None)
+        self.task_manager = task_manager(tuple(options.include_path), tuple(options.tasks))
         loaded = self.task_manager.load(list(options.tasks))["tasks"]
         if not loaded:
             raise ValueError(f"suite {name}: lm-eval found no task for {list(options.tasks)} (include_path "
@@ -138,6 +138,27 @@ class SuiteRunner:
             tasks[task_name] = TaskResult(task_name, metrics, samples, len(samples))
         return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
                            self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
+
+
+_TASK_MANAGERS: dict[tuple, Any] = {}
+
+
+def task_manager(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
+    """lm-eval's TaskManager for these local YAMLs; lm-eval's own ~15,000 tasks are indexed (seconds)
+    only when a task is not among the local ones. One per process and include path."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path:
+        key = (include_path, False)
+        if key not in _TASK_MANAGERS:
+            _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path), include_defaults=False)
+        local = _TASK_MANAGERS[key]
+        if all(t in local.all_tasks for t in tasks):
+            return local
+    key = (include_path, True)
+    if key not in _TASK_MANAGERS:
+        _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path) or None)
+    return _TASK_MANAGERS[key]
 
 
 def _aggregates(result: Mapping[str, Any]) -> dict[str, float]:
