@@ -14,7 +14,7 @@ from evald.daemon.run_dir import LEDGER_FILE, RunDirError, locate, runs_in
 
 
 def run(name: str, argv: Sequence[str]) -> int:
-    return {"status": status, "retry": retry, "subset": subset, "keys": keys}[name](argv)
+    return {"status": status, "retry": retry, "subset": subset, "keys": keys, "backfill": backfill}[name](argv)
 
 
 def _which_run(p: argparse.ArgumentParser) -> None:
@@ -93,6 +93,68 @@ def retry(argv: Sequence[str]) -> int:
         print(f"evald pid {holder.get('pid')} serves this run and takes them up at its next turn" if holder
               is not None else "no evald serves this run now: they are evaluated when evald starts on it")
     return 1 if args.steps and done.not_failed and not done.requeued and not done.rejudged else 0
+
+
+def backfill(argv: Sequence[str]) -> int:
+    """Evaluate a benchmark suite on retained checkpoints that lack its cell, at each checkpoint's own step.
+    Beside a running evald it only records the request (evald takes it up at its next turn, after any
+    new checkpoint); with evald's options after --, and no evald serving the run, it evaluates them itself"""
+    from evald.cli.status import gather, lock_holder
+    from evald.daemon.suite_turn import BACKFILL_KEY, backfill_steps
+    from evald.ledger.ledger import Ledger
+
+    p = argparse.ArgumentParser(prog="evald backfill", description=backfill.__doc__ + ". See docs/benchmarks.md.")
+    p.add_argument("--suite", required=True, help="the suite's name ([suites.NAME] in evald's configuration)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
+    which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
+    _which_run(p)
+    p.add_argument("evald_args", nargs=argparse.REMAINDER, metavar="-- EVALD_OPTIONS",
+                   help="standalone: evald's own options (e.g. --config evald.toml); evald then runs until the "
+                        "cells are done (--idle-exit-s 5 unless given)")
+    args = p.parse_args(list(argv))
+    span = None
+    if args.steps:
+        try:
+            low, high = (int(x) for x in args.steps.split(":"))
+        except ValueError:
+            p.error(f"--steps: expected A:B (two integers), got {args.steps!r}")
+        span = (low, high)
+    if args.every is not None and args.every < 1:
+        p.error("--every must be >= 1")
+    path = _run_path(args, "evald backfill")
+    if path is None:
+        return 2
+    ckpt_dir = gather(path)["ckpt_dir"] or args.ckpt_dir
+    if not ckpt_dir:
+        print("evald backfill: cannot tell the run's checkpoint directory: give --ckpt-dir", file=sys.stderr)
+        return 2
+    ledger = Ledger(path / LEDGER_FILE)
+    try:
+        steps = backfill_steps(ledger, Path(ckpt_dir), span, args.every)
+        requests = (ledger.get_state(BACKFILL_KEY) or []) + [{"suite": args.suite, "steps": steps}]
+        ledger.put_state(BACKFILL_KEY, requests)
+    finally:
+        ledger.close()
+    print(f"evald backfill: suite {args.suite} on {len(steps)} retained checkpoint(s): "
+          f"{', '.join(map(str, steps)) or '-'} (cells it already has are not evaluated again)")
+    holder = lock_holder(path / "evald.lock")
+    if holder is not None:
+        print(f"evald pid {holder.get('pid')} serves this run and takes them up at its next turn")
+        return 0
+    extra = [a for a in args.evald_args if a != "--"]
+    if not extra:
+        print("no evald serves this run now: they are evaluated when evald starts on it (or give evald's "
+              "options after --)")
+        return 0
+    import subprocess
+
+    if "--idle-exit-s" not in extra:
+        extra += ["--idle-exit-s", "5"]
+    if "--ckpt-dir" not in extra:
+        extra += ["--ckpt-dir", str(ckpt_dir)]
+    print("evaluating them now: evald " + " ".join(extra), flush=True)
+    return subprocess.call([sys.executable, "-m", "evald", *extra])
 
 
 def keys(argv: Sequence[str]) -> int:

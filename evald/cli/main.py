@@ -26,7 +26,7 @@ from evald.config import (ConfigError, ResolvedConfig, command_line_layer, defau
                           option_fields, resolve, toml_layer)
 from evald.config.schema import parse_cpus
 
-SUBCOMMANDS = ("status", "retry", "subset", "keys")
+SUBCOMMANDS = ("status", "retry", "subset", "keys", "backfill")
 
 
 def build_parser() -> argparse.ArgumentParser:
