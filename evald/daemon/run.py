@@ -226,6 +226,7 @@ class Run:
             if not self.prepare():
                 return False
             suite_turn.take_backfill_requests(self.ledger, self.pipeline)
+            suite_turn.queue_due(self.ledger, self.pipeline)
             done = suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
                                              max_attempts=self.config.tuning.max_attempts)
             self.tensorboard.drain()
@@ -247,7 +248,8 @@ class Run:
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
         if done is not None and done[1] is not None and self.pipeline.suites:  # its cells, on the weights held
-            if suite_turn.queue_for_step(self.ledger, self.pipeline, done[0].step):
+            suite_turn.queue_due(self.ledger, self.pipeline)
+            if self.ledger.cell_counts():
                 suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
                                           max_attempts=self.config.tuning.max_attempts, step=done[0].step)
                 self.tensorboard.drain()

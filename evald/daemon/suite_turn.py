@@ -1,7 +1,10 @@
 """Benchmark suites in the work loop: which cells to queue, which to evaluate next, and their commit.
 
-A suite's cell of a step is queued when the step's validation is evaluated and the suite's
-``every_k`` selects it (the first evaluated step, then every k-th), and by ``evald backfill``.
+A suite covers the steps evaluated since it was first configured for the run (kv
+``suites_since``: a suite added to a run that has evaluated steps starts after them; the older
+ones are ``evald backfill``'s): each such step whose validation is evaluated and that the suite's
+``every_k`` selects (the first, then every k-th) gets a cell. Which cells are due is derived from
+the ledger at every turn, so a crash between a step's validation and its cells loses none.
 The cells of the step just validated run at once, on the weights the network already holds; other
 queued cells (backfill, or cells left by a restart) run newest first, and only when no checkpoint
 waits for its validation, so while training runs the newest checkpoint goes first.
@@ -30,6 +33,7 @@ log = logging.getLogger("evald")
 
 SAMPLES_SHOWN = 3          # documents per task in the TensorBoard text of a step
 BACKFILL_KEY = "backfill_requests"   # kv: requests from `evald backfill` not yet queued
+SINCE_KEY = "suites_since"           # kv: {suite: the first step it covers without a backfill}
 
 
 def on_built(ledger: Ledger, pipeline: Pipeline) -> None:
@@ -42,6 +46,11 @@ def on_built(ledger: Ledger, pipeline: Pipeline) -> None:
             log.warning("the evaluation changed (model, data, subset or settings: identity %s): %d step(s) "
                         "evaluated with the old one are evaluated again; their old results are kept, marked "
                         "superseded: %s", identity[:12], len(again), ", ".join(map(str, again)))
+    since = dict(ledger.get_state(SINCE_KEY) or {})
+    new = [name for name in pipeline.suites if name not in since]
+    if new:
+        first = max((row.step for row in ledger.steps(EVALUATED)), default=-1) + 1
+        ledger.put_state(SINCE_KEY, {**since, **{name: first for name in new}})
     for name, runner in pipeline.suites.items():
         again = ledger.supersede_suite(name, runner.cell_identity)
         if again:
@@ -57,15 +66,20 @@ def selected(evaluated_steps: Sequence[int], step: int, every_k: int) -> bool:
     return step in ordered and ordered.index(step) % every_k == 0
 
 
-def queue_for_step(ledger: Ledger, pipeline: Pipeline, step: int) -> list[str]:
-    """Queue the cells of ``step`` (just validated) for the suites that select it; their names."""
+def queue_due(ledger: Ledger, pipeline: Pipeline) -> list[tuple[str, int]]:
+    """Queue every due cell that is missing (see the module's docstring); the (suite, step) queued."""
+    if not pipeline.suites:
+        return []
     evaluated = [row.step for row in ledger.steps(EVALUATED)]
-    names = []
+    since = ledger.get_state(SINCE_KEY) or {}
+    have = {(c.suite, c.step) for c in ledger.cells()}
+    queued = []
     for name, runner in sorted(pipeline.suites.items()):
-        if selected(evaluated, step, runner.options.every_k) and ledger.queue_cells(name, runner.cell_identity,
-                                                                                     [step]):
-            names.append(name)
-    return names
+        due = [s for s in evaluated if s >= since.get(name, 0) and (name, s) not in have
+               and selected(evaluated, s, runner.options.every_k)]
+        if due:
+            queued += [(name, s) for s in ledger.queue_cells(name, runner.cell_identity, due)]
+    return queued
 
 
 def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> list[int]:
