@@ -127,12 +127,6 @@ class Pipeline:
         self._suites_for, self.suites, self.suite_errors = wanted, {}, {}
         if not config.suites:
             return
-        if self.group is not None:
-            for name in config.suites:
-                self.suite_errors[name] = ("benchmark suites run on one device for now; this evald has an eval "
-                                           "group (--device with several ids)")
-                log.error("suite %s not run: %s", name, self.suite_errors[name])
-            return
         from evald.contracts.wire import FactorySpec
         from evald.pipeline.suites import SuiteRunner
         from evald.pipeline.tokenizer import build_tokenizer
@@ -151,8 +145,16 @@ class Pipeline:
         network_identity = {"model": specs[1].target, "model_kwargs": dict(specs[1].kwargs), "task": specs[0]}
         for name, options in sorted(config.suites.items()):
             try:
+                scorer = None
+                if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
+                    from evald.pipeline.group_scoring import GroupScorer
+                    from evald.pipeline.scoring import TokenScorer
+
+                    scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
+                                                                 max_length=options.max_length,
+                                                                 batch_size=options.batch_size))
                 self.suites[name] = SuiteRunner(name, options, self.evaluator.network, tokenizer,  # type: ignore
-                                                network_identity=network_identity)
+                                                network_identity=network_identity, scorer=scorer)
             except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
                 self.suite_errors[name] = f"cannot build suite {name}: {exc}"
                 log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],
