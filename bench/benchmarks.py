@@ -8,7 +8,10 @@ bits per byte on 13 held-out standard-library packages), in one process on one n
 * **throughput**: real tokens per second of ``SuiteRunner.run()`` (lm-eval's request building,
   evald's adapter and TokenScorer, lm-eval's metrics), against the SAME forward passes (the exact
   (batch, length) arrays the scorer ran, recorded during the suite) run in-process through the same
-  compiled cell, back to back; the ratio suite / bare (goal >= 0.9). Repetitions alternate the two.
+  compiled cell, back to back: the ratio bare time / suite time (goal >= 0.9); and bare time / time
+  inside evald's ``LM`` methods (what evald adds, lm-eval's own work excluded). Repetitions
+  alternate the two. ``--d-model``/``--layers`` widen the model (a bigger model's forward passes
+  weigh more against lm-eval's fixed per-document work).
 * **graphs compiled** per suite (TokenScorer.compiled_graphs after warm-up and after every run).
 * **per-sample outputs**: bytes per 1,000 documents as JSON in memory, gzipped on disk
   (evald.ledger.samples), and the Python heap their records hold (tracemalloc).
@@ -43,7 +46,7 @@ def _suites(include: str, mc_docs: int):
             "bpb": SuiteOptions(tasks=("stdlib_bpb",), include_path=(include,))}
 
 
-def throughput(include: str, mc_docs: int, reps: int) -> dict:
+def throughput(include: str, mc_docs: int, reps: int, d_model: int = 96, layers: int = 2) -> dict:
     import mindspore as ms
     import numpy as np
 
@@ -52,7 +55,7 @@ def throughput(include: str, mc_docs: int, reps: int) -> dict:
     from examples.tiny_lm.model import build_model
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    network = build_model(seq_len=64)
+    network = build_model(seq_len=64, d_model=d_model, n_layers=layers)
     network.set_train(False)
     out = {}
     for name, options in _suites(include, mc_docs).items():
@@ -69,11 +72,26 @@ def throughput(include: str, mc_docs: int, reps: int) -> dict:
         result = runner.run()   # the first run also warms lm-eval's caches; not timed
         runner.scorer._score_batch = original
         cell = runner.scorer._score_cell
-        suite_s, bare_s = [], []
+        suite_s, bare_s, adapter_s = [], [], []
+        inside = [0.0]
+
+        def timed(method):
+            def wrapper(*a, **k):
+                started = time.perf_counter()
+                try:
+                    return method(*a, **k)
+                finally:
+                    inside[0] += time.perf_counter() - started
+            return wrapper
+
+        for method in ("_loglikelihood_tokens", "loglikelihood_rolling", "generate_until"):
+            setattr(runner.lm, method, timed(getattr(runner.lm, method)))
         for _ in range(reps):
+            inside[0] = 0.0
             started = time.perf_counter()
             result = runner.run()
             suite_s.append(time.perf_counter() - started)
+            adapter_s.append(inside[0])
             started = time.perf_counter()
             for inputs, targets in recorded:
                 [t.asnumpy() for t in cell(ms.Tensor(inputs), ms.Tensor(targets))]
@@ -89,12 +107,15 @@ def throughput(include: str, mc_docs: int, reps: int) -> dict:
         tracemalloc.stop()
         del held
         ratios = [b / s for b, s in zip(bare_s, suite_s)]
+        adapter_ratios = [b / a for b, a in zip(bare_s, adapter_s)]
         out[name] = {
             "documents": docs, "requests_forward_passes": len(recorded), "real_tokens": tokens,
             "suite_s_median": statistics.median(suite_s), "bare_s_median": statistics.median(bare_s),
             "suite_tokens_per_s": tokens / statistics.median(suite_s),
             "bare_tokens_per_s": tokens / statistics.median(bare_s),
             "ratio_suite_over_bare_median": statistics.median(ratios), "ratios": ratios,
+            "adapter_s_median": statistics.median(adapter_s),
+            "ratio_adapter_over_bare_median": statistics.median(adapter_ratios),
             "compiled_graphs_at_start": compiled_at_start, "compiled_graphs_after_runs": runner.scorer.compiled_graphs,
             "buckets": list(runner.scorer.buckets),
             "samples_json_bytes_per_1000_docs": len(raw) / docs * 1000,
@@ -155,6 +176,8 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--mc-docs", type=int, default=200)
     p.add_argument("--no-latency", action="store_true", help="skip the real-evald latency measurement")
+    p.add_argument("--d-model", type=int, default=96, help="the demo GPT's width (throughput only)")
+    p.add_argument("--layers", type=int, default=2, help="the demo GPT's depth (throughput only)")
     args = p.parse_args()
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="bench-suites-") as tmp:
@@ -162,7 +185,8 @@ def main() -> int:
         from examples.tiny_lm.benchmarks import write_benchmarks
 
         include = write_benchmarks(Path(tmp) / "bench", next_line_count=max(240, args.mc_docs))
-        results = {"throughput": throughput(include, args.mc_docs, args.reps)}
+        results = {"model": {"d_model": args.d_model, "layers": args.layers, "seq_len": 64},
+                   "throughput": throughput(include, args.mc_docs, args.reps, args.d_model, args.layers)}
         if not args.no_latency:
             work = Path(tmp) / "latency"
             work.mkdir()

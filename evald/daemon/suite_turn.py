@@ -28,12 +28,14 @@ from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, Ledger, Record
 from evald.ledger.samples import write_samples
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
+from evald.pipeline.tokenizer import TokenizerChanged, check_unchanged
 
 log = logging.getLogger("evald")
 
 SAMPLES_SHOWN = 3          # documents per task in the TensorBoard text of a step
 BACKFILL_KEY = "backfill_requests"   # kv: requests from `evald backfill` not yet queued
 SINCE_KEY = "suites_since"           # kv: {suite: the first step it covers without a backfill}
+TOKENIZER_KEY = "tokenizer_sha256"   # kv: the tokenizer this run's benchmarks use (one per run)
 
 
 def on_built(ledger: Ledger, pipeline: Pipeline) -> None:
@@ -46,6 +48,19 @@ def on_built(ledger: Ledger, pipeline: Pipeline) -> None:
             log.warning("the evaluation changed (model, data, subset or settings: identity %s): %d step(s) "
                         "evaluated with the old one are evaluated again; their old results are kept, marked "
                         "superseded: %s", identity[:12], len(again), ", ".join(map(str, again)))
+    recorded = ledger.get_state(TOKENIZER_KEY)
+    for name, runner in list(pipeline.suites.items()):
+        try:
+            check_unchanged(recorded, runner.identity["tokenizer"],
+                            max(ledger.step_numbers(), default=0))
+        except TokenizerChanged as exc:
+            pipeline.suites.pop(name)
+            pipeline.suite_errors[name] = str(exc)
+            log.error("suite %s not run: %s", name, exc)
+            continue
+        if recorded is None:
+            recorded = runner.identity["tokenizer"]
+            ledger.put_state(TOKENIZER_KEY, recorded)
     since = dict(ledger.get_state(SINCE_KEY) or {})
     new = [name for name in pipeline.suites if name not in since]
     if new:
