@@ -10,7 +10,8 @@ bits per byte on 13 held-out standard-library packages), in one process on one n
   (batch, length) arrays the scorer ran, recorded during the suite) run in-process through the same
   compiled cell, back to back: the ratio bare time / suite time (goal >= 0.9); and bare time / time
   inside evald's ``LM`` methods (what evald adds, lm-eval's own work excluded). Repetitions
-  alternate the two. ``--d-model``/``--layers`` widen the model (a bigger model's forward passes
+  alternate the two. Also the share of the suite's own time spent in those forward passes
+  (measured inside the same run, so the machine's load cancels). ``--d-model``/``--layers`` widen the model (a bigger model's forward passes
   weigh more against lm-eval's fixed per-document work).
 * **graphs compiled** per suite (TokenScorer.compiled_graphs after warm-up and after every run).
 * **per-sample outputs**: bytes per 1,000 documents as JSON in memory, gzipped on disk
@@ -86,12 +87,26 @@ def throughput(include: str, mc_docs: int, reps: int, d_model: int = 96, layers:
 
         for method in ("_loglikelihood_tokens", "loglikelihood_rolling", "generate_until"):
             setattr(runner.lm, method, timed(getattr(runner.lm, method)))
+        forward = [0.0]
+
+        def timed_forward(method):
+            def wrapper(*a, **k):
+                started = time.perf_counter()
+                try:
+                    return method(*a, **k)
+                finally:
+                    forward[0] += time.perf_counter() - started
+            return wrapper
+
+        runner.scorer._score_batch = timed_forward(runner.scorer._score_batch)
+        forward_s = []
         for _ in range(reps):
-            inside[0] = 0.0
+            inside[0] = forward[0] = 0.0
             started = time.perf_counter()
             result = runner.run()
             suite_s.append(time.perf_counter() - started)
             adapter_s.append(inside[0])
+            forward_s.append(forward[0])
             started = time.perf_counter()
             for inputs, targets in recorded:
                 [t.asnumpy() for t in cell(ms.Tensor(inputs), ms.Tensor(targets))]
@@ -115,6 +130,7 @@ def throughput(include: str, mc_docs: int, reps: int, d_model: int = 96, layers:
             "bare_tokens_per_s": tokens / statistics.median(bare_s),
             "ratio_suite_over_bare_median": statistics.median(ratios), "ratios": ratios,
             "adapter_s_median": statistics.median(adapter_s),
+            "forward_share_of_suite_median": statistics.median(f / s for f, s in zip(forward_s, suite_s)),
             "ratio_adapter_over_bare_median": statistics.median(adapter_ratios),
             "compiled_graphs_at_start": compiled_at_start, "compiled_graphs_after_runs": runner.scorer.compiled_graphs,
             "buckets": list(runner.scorer.buckets),

@@ -15,10 +15,11 @@ and deterministically (gzip without a timestamp), so a crash and a re-evaluation
 bytes. If a step's file is rewritten under another cell identity (another model configuration,
 same suite), the old pair is kept renamed ``*.superseded-<CELL12>``.
 
-Size: a multiple-choice document is about 110 bytes of JSON before compression (4 choices:
-log-likelihood and greedy flag each, the target, acc and acc_norm), about 40 bytes gzipped; a
-rolling (bits-per-byte) document about 90 bytes; a generation document is bounded by its text,
-cut at evald.pipeline.suites.SAMPLE_TEXT_LIMIT characters. docs/performance.md has measurements.
+Size (measured, docs/performance.md): a 4-way multiple-choice document is about 185 bytes of JSON
+(4 log-likelihoods with their greedy flags, the target, acc and acc_norm), 45 bytes gzipped; a
+rolling (bits-per-byte) document holds its text as the target, about 530 bytes for the demo's
+320-byte documents, 160 gzipped. Targets and generated texts are cut at
+evald.pipeline.suites.SAMPLE_TEXT_LIMIT (4096) characters, so a document never exceeds ~9 KB.
 
 ``read_samples(run_dir, suite, task, step)`` returns ``(identity, samples)``; it is what
 ``evald compare`` reads.

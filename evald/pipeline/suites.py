@@ -35,7 +35,7 @@ from evald.pipeline.tokenizer import Tokenizer, tokenizer_hash
 
 log = logging.getLogger("evald.pipeline.suites")
 
-SAMPLE_TEXT_LIMIT = 4096   # characters of one generated response kept per document
+SAMPLE_TEXT_LIMIT = 4096   # characters of a target or generated response kept per document
 _SKIPPED_RESULT_KEYS = {"name", "alias", "sample_len", " ", "samples"}
 
 
@@ -176,7 +176,7 @@ def _aggregates(result: Mapping[str, Any]) -> dict[str, float]:
 def sample_record(sample: Mapping[str, Any]) -> dict:
     """One document's lm-eval sample as evald keeps it: doc_id, target, resps, metrics."""
     resps = _jsonable(sample.get("filtered_resps", sample.get("resps")))
-    return {"doc_id": int(sample["doc_id"]), "target": str(sample.get("target")), "resps": resps,
+    return {"doc_id": int(sample["doc_id"]), "target": str(sample.get("target"))[:SAMPLE_TEXT_LIMIT], "resps": resps,
             "metrics": {m: _jsonable(sample[m]) for m in sample.get("metrics", []) if m in sample}}
 
 
