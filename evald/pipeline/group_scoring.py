@@ -3,7 +3,7 @@
 lm-eval runs on rank 0 only and sees one rank (world size 1: lm-eval imports torch for its gather
 otherwise). ``GroupScorer`` stands in for rank 0's TokenScorer: each ``score`` or ``generate`` call
 is one command to the group (evald.pipeline.group_protocol) carrying every request; each rank takes
-requests ``rank, rank + size, ...``, runs them on its own TokenScorer (same network, same weights,
+every n-th request (n: the ranks a suite's ``device`` names, all by default), runs them on its own TokenScorer (same network, same weights,
 same buckets), and the answer sums each rank's rows of full-size arrays, zeros elsewhere. A
 request's numbers do not depend on which rows share its batch (tests/unit/pipeline/test_scoring.py),
 so the result is the one a single device gives. ``swap`` (GroupEvaluator.swap_in) loads a step's
@@ -33,8 +33,11 @@ def scorer_settings(scorer: TokenScorer) -> dict:
     return {"max_length": scorer.max_length, "batch_size": scorer.batch_size, "lengths": list(scorer.lengths)}
 
 
-def _mine(count: int, rank: int, size: int) -> list[int]:
-    return list(range(rank, count, size))
+def _mine(count: int, rank: int, ranks: Sequence[int]) -> list[int]:
+    """This rank's requests: every len(ranks)-th, from its place among the ranks that take part."""
+    if rank not in ranks:
+        return []
+    return list(range(list(ranks).index(rank), count, len(ranks)))
 
 
 def score_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, Any]) -> tuple[list, dict]:
@@ -49,7 +52,7 @@ def score_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, 
     try:
         if scorer is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        mine = _mine(len(requests), group.rank, group.size)
+        mine = _mine(len(requests), group.rank, payload.get("ranks") or range(group.size))
         for i, scores in zip(mine, scorer.score([requests[i] for i in mine])):
             arrays["logprobs"][offsets[i]:offsets[i + 1]] = scores.logprobs
             arrays["greedy"][offsets[i]:offsets[i + 1]] = scores.greedy
@@ -72,7 +75,7 @@ def generate_share(scorer: TokenScorer | None, group: Group, payload: Mapping[st
     try:
         if scorer is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        mine = _mine(len(requests), group.rank, group.size)
+        mine = _mine(len(requests), group.rank, payload.get("ranks") or range(group.size))
         for i, ids in zip(mine, scorer.generate([requests[i] for i in mine], eos_id=payload.get("eos_id"))):
             arrays["tokens"][i, :len(ids)] = ids
             arrays["lengths"][i] = len(ids)
@@ -91,8 +94,9 @@ def _check(statuses: list, what: str) -> None:
 class GroupScorer:
     """Rank 0's TokenScorer for a suite on an eval group: same API (score, generate, max_length)."""
 
-    def __init__(self, group: Group, local: TokenScorer) -> None:
+    def __init__(self, group: Group, local: TokenScorer, ranks: Sequence[int] | None = None) -> None:
         self.group, self.local = group, local
+        self.ranks = list(ranks) if ranks is not None else list(range(group.size))  # a suite's ``device``
         self.max_length, self.batch_size, self.lengths = local.max_length, local.batch_size, local.lengths
         self.stats = local.stats
         self.top_k = 0
@@ -110,7 +114,7 @@ class GroupScorer:
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[TokenScores]:
         payload = {"requests": [[list(map(int, r.context)), list(map(int, r.continuation))] for r in requests],
-                   "scorer": scorer_settings(self.local)}
+                   "scorer": scorer_settings(self.local), "ranks": self.ranks}
         self.group.command(SCORE, payload)
         statuses, combined = score_share(self.local, self.group, payload)
         _check(statuses, "score a suite's requests")
@@ -125,7 +129,7 @@ class GroupScorer:
 
     def generate(self, requests: Sequence[GenerateRequest], eos_id: int | None = None) -> list[list[int]]:
         payload = {"requests": [[list(map(int, r.context)), int(r.max_new_tokens)] for r in requests],
-                   "eos_id": eos_id, "scorer": scorer_settings(self.local)}
+                   "eos_id": eos_id, "scorer": scorer_settings(self.local), "ranks": self.ranks}
         self.group.command(GENERATE, payload)
         statuses, combined = generate_share(self.local, self.group, payload)
         _check(statuses, "generate a suite's continuations")

@@ -150,9 +150,12 @@ class Pipeline:
                     from evald.pipeline.group_scoring import GroupScorer
                     from evald.pipeline.scoring import TokenScorer
 
+                    ids = config.device.ids
+                    wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
+                    ranks = [r for r in range(self.group.size) if ids[r % len(ids)] in wanted]
                     scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
                                                                  max_length=options.max_length,
-                                                                 batch_size=options.batch_size))
+                                                                 batch_size=options.batch_size), ranks)
                 self.suites[name] = SuiteRunner(name, options, self.evaluator.network, tokenizer,  # type: ignore
                                                 network_identity=network_identity, scorer=scorer)
             except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others

@@ -131,3 +131,31 @@ def test_per_sample_files_round_trip(mc, tmp_path):
                   identity_sha256=result.identity_sha256, cell_identity=runner.cell_identity,
                   metrics=task.metrics, samples=task.samples)
     assert path.read_bytes() == first  # deterministic: a re-evaluation after a crash writes the same bytes
+
+
+def test_generate_until_is_greedy_stops_at_until_and_scores_exact_match(network, tmp_path):
+    import json as _json
+
+    from evald.pipeline.scoring import GenerateRequest
+
+    data = tmp_path / "gen.jsonl"
+    docs = [{"prompt": f"def f{i}(x):\n    return", "answer": " x"} for i in range(6)]
+    data.write_text("".join(_json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "gen.yaml").write_text(
+        f"task: tiny_gen\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {_json.dumps(str(data))}\n"
+        "test_split: test\noutput_type: generate_until\ndoc_to_text: \"{{prompt}}\"\ndoc_to_target: \"{{answer}}\"\n"
+        "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 12\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+        "metadata:\n  version: 1.0\n")
+    runner = SuiteRunner("gen", SuiteOptions(tasks=("tiny_gen",), include_path=(str(tmp_path),), batch_size=4),
+                         network, ByteTokenizer())
+    result = runner.run()
+    task = result.tasks["tiny_gen"]
+    for sample in task.samples:
+        doc = docs[sample["doc_id"]]
+        ids = runner.scorer.generate([GenerateRequest(list(doc["prompt"].encode()), 12)], eos_id=0)[0]
+        want = ByteTokenizer().decode(ids).split("\n")[0]
+        assert sample["resps"] == [want]
+        assert sample["metrics"]["exact_match"] == float(want == doc["answer"])
+    assert task.metrics["exact_match"] == pytest.approx(np.mean([s["metrics"]["exact_match"] for s in task.samples]))
+    assert result.compiled_graphs == runner.scorer.compiled_graphs  # generation compiled nothing new
