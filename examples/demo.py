@@ -6,6 +6,12 @@ evald is started first with no knowledge of the run: it learns the checkpoint
 directory, the model and the validation data from the trainer's announcement.
 The two processes are pinned to different cores (DEVELOPERS.md: two
 MindSpore processes on two cores must be pinned).
+
+Two benchmark suites run on every evaluated checkpoint beside the loss
+(docs/benchmarks.md), built offline at start from standard-library sources the
+model never trained on (examples/tiny_lm/benchmarks.py): ``next_line``, a
+4-way multiple choice "which line really follows this one" (acc, acc_norm),
+and ``bpb``, bits per byte on 13 held-out standard-library packages.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ def main() -> int:
     out.mkdir(parents=True)
     sockets = out / "sockets"
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
-               EVALD_SOCKET_DIR=str(sockets))  # private endpoints for this demo
+               EVALD_SOCKET_DIR=str(sockets),  # private endpoints for this demo
+               HF_DATASETS_CACHE=str(out / "datasets-cache"), HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     two_cores = len(os.sched_getaffinity(0)) >= 2
-    evald_cmd = [sys.executable, "-m", "evald", "--device", "0", "--lag-policy", "all"]
+    config = write_suites(out)
+    evald_cmd = [sys.executable, "-m", "evald", "--device", "0", "--lag-policy", "all", "--config", str(config)]
     trainer_cmd = [sys.executable, "-m", "examples.tiny_lm.train", "--ckpt-dir", str(out / "ckpt"),
                    "--steps", str(args.steps), "--every", str(args.every)]
     if two_cores:
@@ -59,7 +67,7 @@ def main() -> int:
             evald_rc = evald.wait(timeout=30)
     print("[demo] evald's evaluations:")
     for line in (out / "evald.log").read_text(errors="replace").splitlines():
-        if " step " in line and "loss=" in line:
+        if " step " in line and ("loss=" in line or " suite " in line):
             print("   ", line.split(" INFO ", 1)[-1])
     from evald.daemon.run_dir import default_logdir, find_run
 
@@ -71,6 +79,28 @@ def main() -> int:
     print(f"[demo] view them with:  .venv/bin/tensorboard --logdir {logdir} --host 127.0.0.1")
     print(f"[demo] the run's state:  .venv/bin/evald status --ckpt-dir {ckpt}")
     return trainer.returncode or evald_rc
+
+
+def write_suites(out: Path) -> Path:
+    """The demo's benchmark data (generated here, offline) and the evald TOML that names its suites."""
+    from examples.tiny_lm.benchmarks import write_benchmarks
+
+    include = write_benchmarks(out / "benchmarks")
+    config = out / "evald.toml"
+    config.write_text(f"""# evald's configuration for the demo (docs/benchmarks.md)
+tokenizer_factory = "examples.tiny_lm.benchmarks:build_tokenizer"
+
+[suites.next_line]
+tasks = ["stdlib_next_line"]
+include_path = ["{include}"]
+limit = 200
+
+[suites.bpb]
+tasks = ["stdlib_bpb"]
+include_path = ["{include}"]
+every_k = 2
+""")
+    return config
 
 
 if __name__ == "__main__":

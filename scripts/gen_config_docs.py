@@ -24,7 +24,7 @@ def _cell(text: str) -> str:
 
 def _default(f) -> str:
     kind = f.metadata["kind"]
-    if kind == "table":
+    if kind in ("table", "suites"):
         return "see below"
     if kind == "device":
         return "`0`"
@@ -41,11 +41,12 @@ def table() -> str:
         flag = "--metric-plugin" if f.name == "metric_plugins" else flag_of(f)
         env = f.metadata.get("env")
         rows.append(f"| `{flag}` | {f'`{env}`' if env else ''} | {_default(f)} | {_cell(f.metadata['help'])} |")
-        if f.metadata["kind"] == "table":
+        if f.metadata["kind"] in ("table", "suites"):
             tables.append(f)
     out = "\n".join(rows) + "\n"
     for f in tables:
-        out += f"\n### `[{f.name}]` (`{flag_of(f)} JSON`)\n\n| key | default | meaning |\n|---|---|---|\n"
+        title = f"[{f.name}.NAME]" if f.metadata["kind"] == "suites" else f"[{f.name}]"
+        out += f"\n### `{title}` (`{flag_of(f)} JSON`)\n\n| key | default | meaning |\n|---|---|---|\n"
         for sub in fields(f.metadata["table"]):
             out += f"| `{sub.name}` | `{default_of(sub)}` | {_cell(sub.metadata['help'])} |\n"
     return out

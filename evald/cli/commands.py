@@ -16,7 +16,8 @@ from evald.daemon.run_dir import LEDGER_FILE, RunDirError, default_logdir, find_
 
 
 def run(name: str, argv: Sequence[str]) -> int:
-    return {"status": status, "retry": retry, "compare": compare, "subset": subset, "keys": keys}[name](argv)
+    return {"status": status, "retry": retry, "compare": compare, "subset": subset, "keys": keys,
+            "backfill": backfill}[name](argv)
 
 
 def _which_run(p: argparse.ArgumentParser) -> None:
@@ -116,6 +117,9 @@ def retry(argv: Sequence[str]) -> int:
 
     p = argparse.ArgumentParser(prog="evald retry", description=retry.__doc__ + ".")
     p.add_argument("steps", nargs="*", type=int, metavar="STEP", help="steps to re-queue (default: every failure)")
+    p.add_argument("--step", type=int, action="append", dest="again", metavar="STEP",
+                   help="evaluate STEP again even if it was evaluated: its result is kept, marked superseded, and "
+                        "the new one becomes current (repeatable)")
     _which_run(p)
     args = p.parse_args(list(argv))
     path = _run_path(args, "evald retry")
@@ -123,7 +127,8 @@ def retry(argv: Sequence[str]) -> int:
         return 2
     ledger = Ledger(path / LEDGER_FILE)
     try:
-        done = requeue(ledger, args.steps or None, "re-queued by evald retry")
+        wanted = sorted(set(args.steps or []) | set(args.again or [])) or None
+        done = requeue(ledger, wanted, "re-queued by evald retry", evaluated_too=bool(args.again))
     finally:
         ledger.close()
     holder = lock_holder(path / "evald.lock")
@@ -144,6 +149,68 @@ def compare(argv: Sequence[str]) -> int:
                                 "steps cannot be compared (the message says why). See docs/benchmarks.md.")
     add_arguments(p)
     return compare_command(p.parse_args(list(argv)))
+
+
+def backfill(argv: Sequence[str]) -> int:
+    """Evaluate a benchmark suite on retained checkpoints that lack its cell, at each checkpoint's own step.
+    Beside a running evald it only records the request (evald takes it up at its next turn, after any
+    new checkpoint); with evald's options after --, and no evald serving the run, it evaluates them itself"""
+    from evald.cli.status import gather, lock_holder
+    from evald.daemon.suite_turn import BACKFILL_KEY, backfill_steps
+    from evald.ledger.ledger import Ledger
+
+    p = argparse.ArgumentParser(prog="evald backfill", description=backfill.__doc__ + ". See docs/benchmarks.md.")
+    p.add_argument("--suite", required=True, help="the suite's name ([suites.NAME] in evald's configuration)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
+    which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
+    _which_run(p)
+    p.add_argument("evald_args", nargs=argparse.REMAINDER, metavar="-- EVALD_OPTIONS",
+                   help="standalone: evald's own options (e.g. --config evald.toml); evald then runs until the "
+                        "cells are done (--idle-exit-s 5 unless given)")
+    args = p.parse_args(list(argv))
+    span = None
+    if args.steps:
+        try:
+            low, high = (int(x) for x in args.steps.split(":"))
+        except ValueError:
+            p.error(f"--steps: expected A:B (two integers), got {args.steps!r}")
+        span = (low, high)
+    if args.every is not None and args.every < 1:
+        p.error("--every must be >= 1")
+    path = _run_path(args, "evald backfill")
+    if path is None:
+        return 2
+    ckpt_dir = gather(path)["ckpt_dir"] or args.ckpt_dir
+    if not ckpt_dir:
+        print("evald backfill: cannot tell the run's checkpoint directory: give --ckpt-dir", file=sys.stderr)
+        return 2
+    ledger = Ledger(path / LEDGER_FILE)
+    try:
+        steps = backfill_steps(ledger, Path(ckpt_dir), span, args.every)
+        requests = (ledger.get_state(BACKFILL_KEY) or []) + [{"suite": args.suite, "steps": steps}]
+        ledger.put_state(BACKFILL_KEY, requests)
+    finally:
+        ledger.close()
+    print(f"evald backfill: suite {args.suite} on {len(steps)} retained checkpoint(s): "
+          f"{', '.join(map(str, steps)) or '-'} (cells it already has are not evaluated again)")
+    holder = lock_holder(path / "evald.lock")
+    if holder is not None:
+        print(f"evald pid {holder.get('pid')} serves this run and takes them up at its next turn")
+        return 0
+    extra = [a for a in args.evald_args if a != "--"]
+    if not extra:
+        print("no evald serves this run now: they are evaluated when evald starts on it (or give evald's "
+              "options after --)")
+        return 0
+    import subprocess
+
+    if "--idle-exit-s" not in extra:
+        extra += ["--idle-exit-s", "5"]
+    if "--ckpt-dir" not in extra:
+        extra += ["--ckpt-dir", str(ckpt_dir)]
+    print("evaluating them now: evald " + " ".join(extra), flush=True)
+    return subprocess.call([sys.executable, "-m", "evald", *extra])
 
 
 def keys(argv: Sequence[str]) -> int:

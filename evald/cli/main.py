@@ -30,7 +30,7 @@ from evald.config.schema import parse_cpus
 from evald.daemon import logs
 from evald.decisions.monitor_targets import MonitorError, check_suite_monitor, parse_suite_monitor
 
-SUBCOMMANDS = ("status", "retry", "compare", "subset", "keys")
+SUBCOMMANDS = ("status", "retry", "compare", "subset", "keys", "backfill")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +79,7 @@ def _how(f) -> dict:
         return {"action": "append", "metavar": "JSON"}
     if kind == "choice":
         return {"metavar": "{" + ",".join(f.metadata["choices"]) + "}"}
-    return {"metavar": {"table": "JSON", "object": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}
+    return {"metavar": {"table": "JSON", "object": "JSON", "suites": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}
 
 
 def help_text(f) -> str:
@@ -125,8 +125,11 @@ def check_monitor(resolved: ResolvedConfig) -> None:
     from evald.pipeline.tasks import TASKS, metric_names
 
     config = resolved.config
-    if parse_suite_monitor(config.monitor) is not None:   # SUITE/TASK/METRIC: the suites' own check
-        check_suite_monitor(config.monitor, configured_suite_metrics(config))
+    suite_metric = parse_suite_monitor(config.monitor)
+    if suite_metric is not None:   # SUITE/TASK/METRIC: the suite and its task must be configured
+        suites = configured_suite_metrics(config)
+        if suite_metric.task not in suites.get(suite_metric.suite, {}):
+            check_suite_monitor(config.monitor, suites)
         return
     tasks = [config.task] if config.task else list(TASKS)
     plugins = [plugin_name(spec) for spec in config.metric_plugins]
@@ -139,10 +142,10 @@ def check_monitor(resolved: ResolvedConfig) -> None:
 
 
 def configured_suite_metrics(config) -> dict[str, dict[str, list[str]]]:
-    """``{suite: {task: [metric, ...]}}`` of the configuration's suites, for the start-up check of
-    ``--monitor SUITE/TASK/METRIC``. This version of evald has no ``[suites]`` table yet, so every
-    suite monitor names nothing and is refused; the suites' resolved task metrics go here."""
-    return {}
+    """``{suite: {task: []}}`` of the configuration's suites, for the start-up check of
+    ``--monitor SUITE/TASK/METRIC``: the suite and task must be configured. A task's metric names
+    are lm-eval's and known once its tasks load (seconds), so they are not checked here."""
+    return {name: {task: [] for task in options.tasks} for name, options in (config.suites or {}).items()}
 
 
 def keep_framework_logs_out_of_cwd(config, environ=os.environ) -> None:

@@ -55,6 +55,10 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         steps, files, times = ledger.steps(), ledger.files(), ledger.times()
         decisions = ledger.get_state("decisions", {}) or {}
         summarised = ledger.get_state("summarised")
+        suites = ledger.cell_counts()
+        superseded = sum(len(ledger.superseded(s.step)) for s in steps)
+        suite_cells = {name: [{"step": c.step, "state": c.state, "identity": c.identity[:12], "reason": c.reason}
+                              for c in ledger.cells(suite=name)] for name in suites}
     finally:
         ledger.close()
     counts = {state: sum(1 for s in steps if s.state == state) for state in STATES}
@@ -83,6 +87,9 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         "best": {"step": early_stop.get("best_step"), "value": early_stop.get("best")},
         "stop": _stop(control),
         "summarised": summarised is not None,
+        "suites": {name: {"cells": counts_by_state, "steps": suite_cells[name]}
+                   for name, counts_by_state in sorted(suites.items())},
+        "superseded_results": superseded,
     }
 
 
@@ -183,6 +190,12 @@ def render(info: dict[str, Any]) -> str:
                      f"would have been step {stop['at_step']}): {stop['reason']}")
     else:
         lines.append(f"stop         at step {stop['at_step']}: {stop['reason']}")
+    for name, suite in info.get("suites", {}).items():
+        cells = "  ".join(f"{state} {n}" for state, n in sorted(suite["cells"].items()))
+        lines.append(f"suite        {name}: {cells}")
+    if info.get("superseded_results"):
+        lines.append(f"superseded   {info['superseded_results']} earlier result(s) kept, not current "
+                     f"(evald status --step N shows them)")
     if info["failures"] or info["rejected_files"]:
         lines += ["", "failures (evald retry re-queues them)", "  step       state    file / reason"]
         lines += [f"  {f['step']:<10} {f['state']:<8} {f['file']}: {f['reason']}" for f in info["failures"]]

@@ -29,6 +29,10 @@ def describe(run_path: Path, step: int, ckpt_dir: str | None = None) -> dict[str
         except sqlite3.OperationalError:  # a ledger from before provenance was recorded
             provenance = None
         told = ledger.told(step)
+        suites = [{"suite": c.suite, "state": c.state, "identity": c.identity, "reason": c.reason,
+                   "metrics": c.metrics} for c in ledger.cells() if c.step == step]
+        superseded = [{"evaluation": c.evaluation, "state": c.state, "identity": c.identity, "reason": c.reason,
+                       "metrics": c.metrics, "superseded_by": c.superseded_by} for c in ledger.superseded(step)]
     finally:
         ledger.close()
     on_disk = None if ckpt_dir is None else (Path(ckpt_dir) / layout.step_dir_name(step)).exists()
@@ -36,7 +40,8 @@ def describe(run_path: Path, step: int, ckpt_dir: str | None = None) -> dict[str
         return {"step": step, "state": None, "files": files, "on_disk": on_disk}
     return {"step": step, "state": row.state, "source": row.source, "found_via": row.found_via,
             "reason": row.reason, "attempts": row.attempts, "metrics": row.metrics, "files": files,
-            "provenance": provenance, "tensorboard": told, "on_disk": on_disk}
+            "provenance": provenance, "tensorboard": told, "on_disk": on_disk, "suites": suites,
+            "superseded": superseded}
 
 
 class _Ledger(ReadOnlyLedger):
@@ -89,4 +94,14 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"  comparable  {told['evald/comparability']}")
     lines += [f"  file        {f['file']}: {f['status']}" + (f": {f['reason']}" if f["reason"] else "")
               for f in info["files"] if f["status"] != "used"]
+    for cell in info.get("suites", []):
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted((cell["metrics"] or {}).items())
+                          if not k.endswith("_stderr"))
+        lines.append(f"  suite       {cell['suite']}: {cell['state']}" + (f": {shown}" if shown else "")
+                     + (f" ({cell['reason']})" if cell["state"] != "evaluated" and cell["reason"] else ""))
+    for old in info.get("superseded", []):
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted((old["metrics"] or {}).items())
+                          if k.startswith("eval/") and not k.endswith(SE_SUFFIX)) or old["reason"] or ""
+        lines.append(f"  superseded  {old['evaluation']} {old['state']} (identity {old['identity'][:12]}, "
+                     f"replaced by {old['superseded_by'][:12]}): {shown}")
     return "\n".join(lines)

@@ -70,6 +70,42 @@ class GroupOptions:
 
 
 @dataclass(frozen=True)
+class SuiteOptions:
+    """One benchmark suite, ``[suites.NAME]`` (docs/benchmarks.md)."""
+
+    tasks: tuple = opt(None, "lm-eval task, group or tag names (its registry, or YAMLs under include_path)",
+                       kind="strings", factory=tuple)
+    include_path: tuple = opt(None, "directories of local lm-eval task YAMLs (lm-eval's include_path)",
+                              kind="paths", factory=tuple)
+    num_fewshot: int | None = opt(None, "few-shot examples per document (default: each task's own)", kind="int",
+                                  min=0, max=1000)
+    limit: int | None = opt(None, "documents per task: a fixed subset drawn with seed, the same for every "
+                            "checkpoint (default: every document)", kind="int", min=1)
+    seed: int = opt(1234, "seed that draws each task's documents (and lm-eval's few-shot seed)", kind="int", min=0)
+    every_k: int = opt(1, "evaluate the suite on every k-th evaluated checkpoint (the first is always one)",
+                       kind="int", min=1)
+    batch_size: int = opt(8, "rows of every forward pass; with the bucket lengths, the graphs compiled",
+                          kind="int", min=1, max=4096)
+    device: str | None = opt(None, "devices whose ranks split the suite's requests: the ids of --device it may "
+                             "use, e.g. 0,1 (default: all of them)", kind="str")
+    max_length: int | None = opt(None, "longest input in tokens (default: the model's max_length, seq_length, "
+                                 "seq_len or max_position_embeddings)", kind="int", min=2)
+    max_gen_toks: int = opt(256, "generate_until's default new-token limit (a task's max_gen_toks wins)",
+                            kind="int", min=1, max=65536)
+
+    def __post_init__(self) -> None:
+        if not self.tasks:
+            raise ValueError("tasks: a suite needs at least one lm-eval task")
+        if self.device is not None:
+            try:
+                ids = [int(x) for x in str(self.device).split(",")]
+            except ValueError:
+                raise ValueError(f"device: expected device ids such as 0 or 0,1, got {self.device!r}") from None
+            if len(set(ids)) != len(ids) or any(i < 0 for i in ids):
+                raise ValueError(f"device: expected distinct device ids >= 0, got {self.device!r}")
+
+
+@dataclass(frozen=True)
 class EvaldConfig:
     # --- where to run, where to look, how to reach the trainer
     device: DeviceSpec = opt(None, "device to evaluate on: ID, TARGET:ID (TARGET Ascend, GPU or CPU) or a "
@@ -124,6 +160,14 @@ class EvaldConfig:
                                    "trainer's announcement", kind="factory")
     data_kwargs: dict | None = opt(None, "keyword arguments of the data factory (JSON object / TOML table)",
                                    kind="object")
+    tokenizer_factory: str | None = opt(None, "module:function returning the benchmarks' tokenizer (encode, "
+                                        "decode, eos_id; or a Hugging Face-style one); default: bytes "
+                                        "(docs/benchmarks.md)", kind="factory")
+    tokenizer_kwargs: dict | None = opt(None, "keyword arguments of the tokenizer factory (JSON object / TOML "
+                                        "table)", kind="object")
+    suites: dict = opt(None, "benchmark suites run with lm-evaluation-harness on each checkpoint ([suites.NAME] "
+                       "tables; JSON object of them on the command line; docs/benchmarks.md)", kind="suites",
+                       table=SuiteOptions, factory=dict)
     subset_size: int = opt(256, "validation samples per evaluation: a seeded, fixed subset", kind="int", min=1)
     subset_seed: int = opt(1234, "seed that picks the subset (the same samples for every checkpoint)",
                            kind="int", min=0)

@@ -105,6 +105,14 @@ def _check_combinations(config: EvaldConfig, sources: Mapping[str, str]) -> None
                              f"on every host) and group.master_addr (node 0's address)")
     if config.every_k is not None and config.lag_policy != "every-k":
         raise error("every_k", f"only applies with lag_policy every-k, but lag_policy is {config.lag_policy!r}")
+    if config.tokenizer_kwargs is not None and not config.tokenizer_factory:
+        raise error("tokenizer_kwargs", "given without tokenizer_factory: set --tokenizer-factory too")
+    for name, suite in (config.suites or {}).items():
+        if suite.device is not None:
+            outside = sorted({int(i) for i in suite.device.split(",")} - set(config.device.ids))
+            if outside:
+                raise error("suites", f"suites.{name}.device {suite.device} names device(s) {outside} that are "
+                                      f"not in --device {config.device}; a suite runs on evald's own devices")
     if config.serve_forever and config.idle_exit_s is not None:
         raise error("idle_exit_s", "contradicts serve_forever; choose one")
     if not config.zmq and not config.ckpt_dir:

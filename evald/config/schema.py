@@ -266,8 +266,50 @@ def _name(f, value, source, key):
     return text
 
 
+def _strings(f, value, source, key):
+    """Non-empty names: "a,b" (command line, environment) or a list (TOML)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(source, key, f"expected a list of names such as [\"hellaswag\", \"arc_easy\"], got {value!r}")
+    names = tuple(i.strip() for i in items if i.strip())
+    if len(names) != len(items):
+        raise ConfigError(source, key, f"empty name in {value!r}")
+    return names
+
+
+def _paths(f, value, source, key):
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) and i for i in items):
+        raise ConfigError(source, key, f"expected a directory or a list of directories, got {value!r}")
+    import os
+
+    missing = [p for p in items if not os.path.isdir(p)]
+    if missing:
+        raise ConfigError(source, key, f"{', '.join(missing)}: not a directory (task YAMLs live there)")
+    return tuple(items)
+
+
+def _suites(f, value, source, key):
+    """``[suites.NAME]`` tables: each name a plain name, each table a SuiteOptions."""
+    raw = as_object(f, value, source, key)
+    suites = {}
+    for name, table in raw.items():
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", name):
+            raise ConfigError(source, f"{key}.{name}", "a suite's name is letters, digits, _ and - (it names "
+                                                        "TensorBoard tags and directories)")
+        if is_dataclass(table) and isinstance(table, f.metadata["table"]):
+            suites[name] = table
+            continue
+        if not isinstance(table, dict):
+            raise ConfigError(source, f"{key}.{name}", f"expected a table such as {{tasks = [\"hellaswag\"]}}, "
+                                                        f"got {table!r}")
+        suites[name] = build_table(f.metadata["table"], table, source, f"{key}.{name}")
+    return suites
+
+
 _KINDS: dict[str, Callable[[Field, Any, str, str], Any]] = {
     "int": _int, "float": _float, "str": _str, "bool": _bool, "choice": _choice, "factory": _factory,
     "object": as_object, "table": _table, "plugins": _plugins, "device": _device, "cpus": _cpus,
     "endpoint": _endpoint, "path": _str, "delta": _delta, "name": _name, "modules": _modules,
+    "strings": _strings, "paths": _paths, "suites": _suites,
 }

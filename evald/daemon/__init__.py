@@ -4,6 +4,7 @@
 - ``run.py``: one directory: routes events to the intake, ticks the sinks, runs one turn at a time
 - ``turn.py``: one evaluation turn: the lag policy picks, the pipeline evaluates, one ledger
   transaction records the outcome with its TensorBoard record and the decisions' state
+- ``suite_turn.py``: benchmark suites' cells: which are due, newest first, backfill requests, their commit
 - ``channels.py``, ``locks.py``: the sockets, each endpoint and directory held by one evald
 - ``run_dir.py``, ``private_files.py``: where a run's state lives, and that it stays private
 - ``eval_group.py``: several devices: evald started under msrun, one process per device

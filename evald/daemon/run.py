@@ -25,7 +25,7 @@ from typing import Any
 from evald.config import ConfigError, ResolvedConfig, with_announcement
 from evald.contracts import layout
 from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
-from evald.daemon import turn as evaluation
+from evald.daemon import suite_turn, turn as evaluation
 from evald.daemon.run_dir import LEDGER_FILE
 from evald.decisions.decisions import Decisions
 from evald.files.mindformers import entry_name
@@ -37,8 +37,8 @@ from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED, Receiver
 from evald.intake.train_stream import TrainStream, reach
 from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.ledger.disk_full import DiskWait
-from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
-from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
+from evald.ledger.ledger import EVALUATED, EVALUATING, FINAL_STATES, QUEUED, Ledger
+from evald.ledger.requeue import RETRY, RetryWatch, requeue_if_config_changed
 from evald.pipeline.pipeline import EvaluationPipeline
 from evald.sinks.best_pointer import write_best_pointer
 from evald.sinks.control import ControlPublisher
@@ -83,6 +83,7 @@ class Run:
         self.run_end: RunFinished | None = None
         self._end_learned_at = self._blocked_said_at = 0.0
         self._last_rescan = time.monotonic()
+        self._identities_for: Any = None
         self.discovery = Discovery(ckpt_dir, events, watch=self.config.tuning.watch,
                                    polling_interval_s=self.config.tuning.polling_interval_s)
         self._read_announcement()
@@ -214,6 +215,10 @@ class Run:
         """Build the evaluation network if its factories are known; False while it cannot be."""
         was_ready = self.pipeline.subset is not None
         ready = self.pipeline.ensure_built(self.config)
+        identities = (self.pipeline.validation_identity, tuple(sorted(self.pipeline.suites)))
+        if ready and self._identities_for != identities:
+            self._identities_for = identities  # once per build: results of other identities are superseded
+            suite_turn.on_built(self.ledger, self.pipeline)
         if ready:
             requeue_if_config_changed(self.ledger, self.config, network_known=True)
         subset = self.pipeline.subset
@@ -225,7 +230,14 @@ class Run:
     def work(self) -> bool:
         """Evaluate or skip one queued step; True if something was done."""
         if not self.ledger.steps(QUEUED):
-            return False
+            if not self.prepare():
+                return False
+            suite_turn.take_backfill_requests(self.ledger, self.pipeline)
+            suite_turn.queue_due(self.ledger, self.pipeline)
+            done = suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
+                                             max_attempts=self.config.tuning.max_attempts)
+            self.tensorboard.drain()
+            return done
         if not self.prepare():
             if time.monotonic() - self._blocked_said_at > BLOCKED_REMINDER_S:
                 self._blocked_said_at = time.monotonic()
@@ -243,6 +255,17 @@ class Run:
             catch_up=self.catch_up)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
+        if done is not None and done[1] is not None and self.pipeline.suites:  # its cells, on the weights held
+            suite_turn.queue_due(self.ledger, self.pipeline)
+            if self.ledger.cell_counts():
+                suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
+                                          max_attempts=self.config.tuning.max_attempts, step=done[0].step)
+                self.tensorboard.drain()
+        if done is not None and done[1] is not None and done[0].found_via == RETRY and self.ledger.superseded(
+                done[0].step):  # a re-evaluation: the best comes from current results only (issue 18.2)
+            self.decisions.rebuild_best({row.step: row.metrics or {} for row in self.ledger.steps(EVALUATED)})
+            self.ledger.put_state("decisions", self.decisions.state_dict())
+            self._write_best_pointer()
         if done is not None and done[1] is not None:
             if done[1].improved:
                 self._write_best_pointer()
@@ -264,7 +287,7 @@ class Run:
     def complete(self) -> bool:
         """The run has finished and every one of its checkpoints has been dealt with."""
         if (self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling
-                or self.intake.unreadable):
+                or self.intake.unreadable or suite_turn.waiting_cells(self.ledger, self.pipeline)):
             return False
         final = self.ledger.step(self.run_end.final_step)
         if final is not None and final.state in FINAL_STATES:

@@ -89,7 +89,7 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
         counters.evaluated += 1
         return row, _commit_evaluation(ledger, decisions, ctx, counters, row, result, depth)
     if isinstance(result, Failed):
-        _commit_failure(ledger, ctx, row, result.state, result.reason)
+        _commit_failure(ledger, ctx, row, result.state, result.reason, identity=result.identity)
         return row, None
     return row, _unexpected(ledger, ctx, counters, row, result)
 
@@ -128,7 +128,8 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
         kv[provenance.STATE_KEY] = provenance.state(found)
     _layout_if_new(ledger, row, result.metrics, decisions.monitor, row.commit_time or now)
     record = Record("eval", row.step, row.commit_time or now, scalars, texts)
-    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found)
+    ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found,
+                  identity=evaluated.identity)
     metrics = result.metrics
     shown = " ".join(f"{k.removeprefix('eval/')}={v:.4g}"
                      + (f"±{metrics[se_tag(k)]:.2g}" if se_tag(k) in metrics else "")
@@ -171,9 +172,10 @@ def _current_step(ctx: Context, step: int) -> int:
     return min(max(ctx.newest_train_step, on_disk), on_disk + reach)
 
 
-def _commit_failure(ledger: Ledger, ctx: Context, row: Step, state: str, reason: str) -> None:
+def _commit_failure(ledger: Ledger, ctx: Context, row: Step, state: str, reason: str,
+                    identity: str | None = None) -> None:
     now, newest = time.time(), _current_step(ctx, row.step)
-    ledger.finish(row.step, state, reason=reason, record=Record(
+    ledger.finish(row.step, state, reason=reason, identity=identity, record=Record(
         "eval", row.step, now, lag_scalars(row.step, newest, row.commit_time, now),
         {SKIP_TAG: skip_text_for(state, row.source, reason)}))
     log.error("step %d (%s) not evaluated (%s): %s", row.step, row.source, state, reason,

@@ -78,6 +78,11 @@ class Decisions:
     def best_value(self) -> float | None:
         return self.early_stop.best
 
+    def rebuild_best(self, results: Mapping[int, Mapping[str, float]]) -> None:
+        """The best step and value from the current results of each step (after some were superseded)."""
+        self.early_stop.rebuild([(step, float(m[self.monitor]), m.get(se_tag(self.monitor)))
+                                 for step, m in results.items() if m and self.monitor in m])
+
     def observe_eval(self, step: int, metrics: Mapping[str, float], *, newest_step: int,
                      every_n_steps: int | None, paired_se: float | None = None) -> Outcome:
         """``paired_se``: for a suite monitor, the SE of the difference between this step's value and

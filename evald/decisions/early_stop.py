@@ -86,6 +86,18 @@ class EarlyStopPolicy:
             return Verdict(True, improved, reason + f"; patience {self.patience} exhausted")
         return Verdict(False, improved, reason)
 
+    def rebuild(self, values: list[tuple[int, float, float | None]]) -> None:
+        """The best from the current results (step, value, se), in step order: after results were
+        superseded, the best is never a superseded value (issue 18.2)."""
+        self.best = self.best_se = self.best_step = self.last_step = None
+        self.wait = 0
+        for step, value, se in sorted(values):
+            self.last_step = step
+            if math.isfinite(value) and better(value, self.best, self.mode, 0.0):
+                self.best, self.best_se, self.best_step, self.wait = value, se, step, 0
+            else:
+                self.wait += 1
+
     def _by(self, threshold: float | None, paired: bool = False) -> str:
         """How the threshold is shown: ``0.01``, ``2se = 0.0354``, ``2se paired = 0.021`` (and why it is
         0 without an SE)."""

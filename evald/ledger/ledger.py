@@ -15,6 +15,13 @@ Four tables:
   transaction as the state change it reports and marked ``written`` once it is on
   disk, so a crash can neither lose a point nor write one twice.
 * ``provenance``: per evaluated step, which weights, subset and config (evald.pipeline.provenance).
+* ``cells``: results keyed on (step, evaluation identity). Each benchmark suite's cell of a step
+  (``suite:NAME``) is queued, evaluated and finished exactly once per identity; a new identity
+  supersedes the old cells (kept, ``superseded_by`` the new identity) and queues new ones. The
+  default validation's current result stays in ``steps`` with its ``identity``; when the
+  validation's identity changes (another model factory, kwargs, data or subset) or ``evald retry``
+  asks for it, the old result moves to ``cells`` (``validation``, superseded) and the step is
+  queued again, so a step shows exactly one current result.
 
 Every public method that changes anything is ONE transaction: after a crash the
 ledger is at one side of each change, never in between. ``kv`` holds small JSON
@@ -34,7 +41,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 from evald.ledger.disk_full import DiskWait
 from evald.ledger.schema import (  # noqa: F401 - the row types and states are the ledger's interface
     SCHEMA, STEP_COLUMNS, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED,
-    SCHEMA_VERSION, SKIPPED, USED, Record, Step, step_from_row)
+    SCHEMA_VERSION, SKIPPED, USED, Record, Step, step_from_row, CELL_COLUMNS, SUITE_PREFIX, SUPERSEDED_TAG,
+    VALIDATION, Cell, cell_from_row)
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
 T = TypeVar("T")
@@ -163,12 +171,15 @@ class Ledger:
     @durable
     def finish(self, step: int, state: str, *, reason: str | None = None,
                metrics: Mapping[str, float] | None = None, record: Record | None = None,
-               kv: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None) -> None:
-        """The outcome of an evaluation, its record, the decisions it led to and its provenance, at once."""
+               kv: Mapping[str, Any] | None = None, provenance: Mapping[str, Any] | None = None,
+               identity: str | None = None) -> None:
+        """The outcome of an evaluation, its record, the decisions it led to and its provenance, at once;
+        ``identity``: the validation's identity that judged it (None: the checkpoint's own fault)."""
         assert state in (EVALUATED, FAILED, DELETED), state
         with self._transaction() as db:
-            db.execute("UPDATE steps SET state=?, reason=?, finished_at=?, metrics=? WHERE step=?",
-                       (state, reason, time.time(), json.dumps(dict(metrics)) if metrics else None, step))
+            db.execute("UPDATE steps SET state=?, reason=?, finished_at=?, metrics=?, identity=? WHERE step=?",
+                       (state, reason, time.time(), json.dumps(dict(metrics)) if metrics else None, identity,
+                        step))
             if record is not None:
                 self._outbox(db, record)
             if provenance is not None:  # evald.pipeline.provenance: which weights, subset and config
@@ -197,10 +208,18 @@ class Ledger:
 
     @durable
     def recover_interrupted(self, max_attempts: int) -> list[Step]:
-        """At start: steps left ``evaluating`` by a crash go back to ``queued``, or fail past max_attempts."""
+        """At start: steps (and suite cells) left ``evaluating`` by a crash go back to ``queued``, or fail
+        past max_attempts."""
         interrupted = self.steps(EVALUATING)
         now = time.time()
         with self._transaction() as db:
+            for cell in self.cells(EVALUATING):
+                state, reason = ((FAILED, f"evaluation interrupted {cell.attempts} times; giving up: "
+                                  f"`evald retry --step {cell.step}` or raise tuning.max_attempts")
+                                 if cell.attempts >= max_attempts else
+                                 (QUEUED, "re-queued: evald was interrupted while evaluating it"))
+                db.execute("UPDATE cells SET state=?, reason=? WHERE step=? AND evaluation=? AND superseded_by IS "
+                           "NULL", (state, reason, cell.step, cell.evaluation))
             for row in interrupted:
                 if row.attempts >= max_attempts:
                     reason = (f"evaluation interrupted {row.attempts} times (evald killed or crashed while "
@@ -212,6 +231,97 @@ class Ledger:
                     db.execute("UPDATE steps SET state=?, reason=? WHERE step=?",
                                (QUEUED, "re-queued: evald was interrupted while evaluating it", row.step))
         return interrupted
+
+    # -- evaluation identities: the validation's, and suite cells ---------------------------------
+
+    @durable
+    def supersede_validation(self, identity: str) -> list[int]:
+        """Steps judged (evaluated or failed) under another validation identity: their results become
+        superseded cells and the steps are queued again, at once. The steps, in order."""
+        rows = self._db.execute(f"SELECT {STEP_COLUMNS}, identity FROM steps WHERE state IN (?,?) AND identity "
+                                "IS NOT NULL AND identity != ? ORDER BY step", (EVALUATED, FAILED, identity)).fetchall()
+        with self._transaction() as db:
+            for row in rows:
+                old = step_from_row(row[:-1])
+                self._supersede_step(db, old, row[-1], identity, f"re-queued: the evaluation changed (identity "
+                                     f"{row[-1][:12]} -> {identity[:12]}: model, data, subset or settings)")
+        return [row[0] for row in rows]
+
+    @durable
+    def supersede_steps(self, steps: Sequence[int], by: str, reason: str) -> list[int]:
+        """Evaluated ``steps`` re-queued on request (``by``: why, e.g. retry), their results kept superseded."""
+        done = []
+        with self._transaction() as db:
+            for step in steps:
+                row = db.execute(f"SELECT {STEP_COLUMNS}, identity FROM steps WHERE step=? AND state=?",
+                                 (step, EVALUATED)).fetchone()
+                if row is not None:
+                    self._supersede_step(db, step_from_row(row[:-1]), row[-1] or "", by, reason)
+                    done.append(step)
+        return done
+
+    def _supersede_step(self, db: sqlite3.Connection, old: Step, old_identity: str, by: str, reason: str) -> None:
+        now = time.time()
+        provenance = db.execute("SELECT value FROM provenance WHERE step=?", (old.step,)).fetchone()
+        db.execute("INSERT INTO cells(step, evaluation, identity, state, attempts, reason, metrics, provenance,"
+                   " created_at, finished_at, superseded_by) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                   (old.step, VALIDATION, old_identity, old.state, old.attempts, old.reason,
+                    json.dumps(old.metrics) if old.metrics else None, provenance[0] if provenance else None, now,
+                    now, by))
+        db.execute("UPDATE steps SET state=?, reason=?, found_via='retry', attempts=0, finished_at=NULL, "
+                   "metrics=NULL, identity=NULL WHERE step=?", (QUEUED, reason, old.step))
+        was = f"{old.state}" + (f" ({old.reason})" if old.state != EVALUATED and old.reason else "")
+        self._outbox(db, Record("eval", old.step, now, {}, {SUPERSEDED_TAG: (
+            f"the earlier result at this step ({was}, identity {old_identity[:12] or 'unknown'}) is superseded "
+            f"by {by[:12]}; the step is evaluated again and its new result is the current one")}))
+
+    @durable
+    def queue_cells(self, suite: str, identity: str, steps: Sequence[int]) -> list[int]:
+        """Queue the suite's cell of each step that has no current one; the steps queued."""
+        evaluation, now, queued = SUITE_PREFIX + suite, time.time(), []
+        with self._transaction() as db:
+            for step in steps:
+                if db.execute("SELECT 1 FROM cells WHERE step=? AND evaluation=? AND superseded_by IS NULL",
+                              (step, evaluation)).fetchone() is None:
+                    db.execute("INSERT INTO cells(step, evaluation, identity, state, created_at) VALUES (?,?,?,?,?)",
+                               (step, evaluation, identity, QUEUED, now))
+                    queued.append(step)
+        return queued
+
+    @durable
+    def supersede_suite(self, suite: str, identity: str) -> list[int]:
+        """The suite's current cells of another identity are superseded by ``identity``, whose cells are
+        queued for the same steps, at once. The steps, in order."""
+        evaluation, now = SUITE_PREFIX + suite, time.time()
+        with self._transaction() as db:
+            steps = [s for (s,) in db.execute("SELECT step FROM cells WHERE evaluation=? AND superseded_by IS NULL"
+                                             " AND identity != ? ORDER BY step", (evaluation, identity))]
+            db.execute("UPDATE cells SET superseded_by=? WHERE evaluation=? AND superseded_by IS NULL AND identity "
+                       "!= ?", (identity, evaluation, identity))
+            db.executemany("INSERT INTO cells(step, evaluation, identity, state, created_at) VALUES (?,?,?,?,?)",
+                           [(s, evaluation, identity, QUEUED, now) for s in steps])
+        return steps
+
+    @durable
+    def start_cell(self, step: int, suite: str, identity: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE cells SET state=?, attempts=attempts+1 WHERE step=? AND evaluation=? AND identity=? "
+                       "AND superseded_by IS NULL", (EVALUATING, step, SUITE_PREFIX + suite, identity))
+
+    @durable
+    def finish_cell(self, step: int, suite: str, identity: str, state: str, *, reason: str | None = None,
+                    metrics: Mapping[str, float] | None = None, record: Record | None = None,
+                    provenance: Mapping[str, Any] | None = None) -> None:
+        """A suite cell's outcome and its TensorBoard record, at once."""
+        assert state in (EVALUATED, FAILED, DELETED, QUEUED), state
+        with self._transaction() as db:
+            db.execute("UPDATE cells SET state=?, reason=?, metrics=?, provenance=?, finished_at=? WHERE step=? AND "
+                       "evaluation=? AND identity=? AND superseded_by IS NULL",
+                       (state, reason, json.dumps(dict(metrics)) if metrics else None,
+                        json.dumps(provenance) if provenance else None, time.time(), step, SUITE_PREFIX + suite,
+                        identity))
+            if record is not None:
+                self._outbox(db, record)
 
     @durable
     def add_records(self, records: Sequence[Record], kv: Mapping[str, Any] | None = None) -> None:
@@ -271,6 +381,43 @@ class Ledger:
     def provenance(self, step: int) -> dict[str, Any] | None:
         rows = self._db.execute("SELECT value FROM provenance WHERE step=?", (step,))
         return next((json.loads(value) for (value,) in rows), None)
+
+    @durable
+    def cell(self, step: int, suite: str) -> Cell | None:
+        """The suite's current cell of ``step``."""
+        row = self._db.execute(f"SELECT {CELL_COLUMNS} FROM cells WHERE step=? AND evaluation=? AND superseded_by "
+                               "IS NULL", (step, SUITE_PREFIX + suite)).fetchone()
+        return cell_from_row(row) if row else None
+
+    @durable
+    def cells(self, *states: str, suite: str | None = None) -> list[Cell]:
+        """Current suite cells (in these states, of this suite), by step."""
+        where, args = ["superseded_by IS NULL", "evaluation LIKE ?"], [SUITE_PREFIX + (suite or "%")]
+        if suite is not None:
+            where[-1], args = "evaluation=?", [SUITE_PREFIX + suite]
+        if states:
+            where.append(f"state IN ({','.join('?' * len(states))})")
+            args += states
+        rows = self._db.execute(f"SELECT {CELL_COLUMNS} FROM cells WHERE {' AND '.join(where)} ORDER BY step, "
+                                "evaluation", args).fetchall()
+        return [cell_from_row(r) for r in rows]
+
+    @durable
+    def superseded(self, step: int) -> list[Cell]:
+        """Results of ``step`` that were superseded (validation and suites), oldest first."""
+        rows = self._db.execute(f"SELECT {CELL_COLUMNS} FROM cells WHERE step=? AND superseded_by IS NOT NULL "
+                                "ORDER BY id", (step,)).fetchall()
+        return [cell_from_row(r) for r in rows]
+
+    @durable
+    def cell_counts(self) -> dict[str, dict[str, int]]:
+        """Each suite's current cells by state."""
+        counts: dict[str, dict[str, int]] = {}
+        for evaluation, state, n in self._db.execute(
+                "SELECT evaluation, state, COUNT(*) FROM cells WHERE superseded_by IS NULL AND evaluation LIKE ? "
+                "GROUP BY evaluation, state", (SUITE_PREFIX + "%",)):
+            counts.setdefault(evaluation[len(SUITE_PREFIX):], {})[state] = n
+        return counts
 
     @durable
     def get_state(self, key: str, default: Any = None) -> Any:

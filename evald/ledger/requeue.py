@@ -48,8 +48,13 @@ class Retried:
         return "; ".join(parts)
 
 
-def retry(ledger: Ledger, steps: Sequence[int] | None, reason: str) -> Retried:
-    """Re-queue failed steps (all of them when ``steps`` is None) in one transaction."""
+def retry(ledger: Ledger, steps: Sequence[int] | None, reason: str, evaluated_too: bool = False) -> Retried:
+    """Re-queue failed steps (all of them when ``steps`` is None) in one transaction; with
+    ``evaluated_too``, the named steps that were evaluated are evaluated again, their results kept
+    as superseded (``evald retry --step N``)."""
+    again: list[int] = []
+    if evaluated_too and steps:
+        again = ledger.supersede_steps(sorted(set(steps)), RETRY, reason)
     failed = {row.step: row for row in ledger.steps(FAILED, DELETED)}
     rejected = {name: step for name, step, status, _ in ledger.files() if status == REJECTED}
     wanted = sorted(failed) if steps is None else sorted(set(steps))
@@ -58,8 +63,11 @@ def retry(ledger: Ledger, steps: Sequence[int] | None, reason: str) -> Retried:
     forget_files = [name for name, step in rejected.items() if step in forget_steps]  # a step's parts, too
     if steps is None:
         forget_files += [name for name, step in rejected.items() if step is None]
+    if again and not requeue and not forget_files:
+        requeue = []
     ledger.requeue_failures(requeue, forget_steps, forget_files, reason, counter=RETRIES)
-    return Retried(tuple(requeue), tuple(sorted(forget_files)), tuple(s for s in wanted if s not in failed))
+    return Retried(tuple(sorted(again + requeue)), tuple(sorted(forget_files)),
+                   tuple(s for s in wanted if s not in failed and s not in again))
 
 
 class RetryWatch:

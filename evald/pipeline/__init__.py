@@ -8,7 +8,10 @@
 - ``swap_check.py``, ``provenance.py``: proof of each swap; which weights, subset and
   configuration produced a point
 - ``subset.py``, ``factories.py``, ``device.py``: the seeded subset, the user's factories, the device
-- ``group_protocol.py``, ``group_evaluator.py``: the same evaluation on several devices
+- ``group_protocol.py``, ``group_evaluator.py``, ``group_scoring.py``: the same evaluation (and a suite's
+  requests) on several devices
+- ``scoring.py``, ``tokenizer.py``, ``lm_adapter.py``, ``suites.py``: benchmark suites: token log-probs and
+  greedy generation in fixed buckets, the tokenizer factory, lm-eval's ``LM``, suites and their identities
 - ``tasks/``, ``metrics/``: Graph-mode eval cells and their metrics
 - ``lm_eval_metrics.py``: the metric names each lm-eval task of a suite reports (for ``--monitor``'s check)
 

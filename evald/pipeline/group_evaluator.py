@@ -14,6 +14,7 @@ never touch the ledger, TensorBoard or the sockets.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing import Any, Mapping
 
 from evald.contracts.wire import FactorySpec
 from evald.files.recognise import CheckpointDeleted, CheckpointError
-from evald.pipeline.group_protocol import BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, OK, OP_NAMES, Group
+from evald.pipeline.group_protocol import (BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, GENERATE, OK, OP_NAMES,
+                                          SCORE, SWAP, Group)
+from evald.pipeline.group_scoring import generate_share, score_share
 from evald.pipeline.network import EvalResult, Evaluator, PartResult
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
 
@@ -97,6 +100,21 @@ class GroupEvaluator:
         log.info("eval group of %d ranks ready: rank 0 evaluates %d of %d batches", group.size,
                  len(self.local.part_batches), len(self.local.batches))  # type: ignore[union-attr]
 
+    @property
+    def network(self) -> Any:
+        return self.local.network  # type: ignore[union-attr]
+
+    def swap_in(self, path: Path, kind: str) -> dict[str, Any]:
+        """Every rank loads and proves ``path``; rank 0's provenance. CheckpointError as on one device."""
+        self.group.command(SWAP, {"path": str(path), "kind": kind})
+        statuses, error, provenance = swap_share(self.local, self.group, str(path), kind)
+        if error is not None:
+            raise error
+        others = [f"rank {rank}: {text}" for rank, (code, text) in enumerate(statuses) if code != OK]
+        if others:
+            raise RuntimeError(f"the other eval ranks could not load {path.name} ({'; '.join(others)})")
+        return provenance
+
     def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> EvalResult:
         """Every rank evaluates its part of ``path``; a bad checkpoint on rank 0 fails as on one device,
         a failure only on another rank is unexpected (it says nothing certain about the file): retried."""
@@ -115,9 +133,38 @@ class GroupEvaluator:
         return EvalResult(metrics, texts, part.load_s, evaluate_s, part.verify_s, part.provenance)
 
 
+def swap_share(evaluator: Evaluator | None, group: Group, path: str, kind: str
+               ) -> tuple[list, Exception | None, dict]:
+    """Every rank loads and proves ``path`` (a benchmark cell of a step other than the last validated)."""
+    code, text, error, provenance = OK, "", None, {}
+    try:
+        if evaluator is None:
+            raise RuntimeError("this rank has no evaluation network (its build failed)")
+        provenance = evaluator.swap_in(Path(path), kind)
+    except Exception as exc:  # noqa: BLE001 - every rank must answer
+        code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
+        text, error = str(exc), exc
+    statuses, _ = group.answer(code, text)
+    return statuses, error, provenance
+
+
+def _scorer_for(scorers: dict, evaluator: Evaluator | None, settings: Mapping[str, Any]) -> Any:
+    """This rank's TokenScorer of a suite's shape (built, and compiled, at its first share)."""
+    if evaluator is None:
+        return None
+    from evald.pipeline.scoring import TokenScorer
+
+    key = json.dumps(settings, sort_keys=True)
+    if key not in scorers:
+        scorers[key] = TokenScorer(evaluator.network, max_length=settings["max_length"],
+                                   batch_size=settings["batch_size"], lengths=settings["lengths"])
+    return scorers[key]
+
+
 def follow(group: Group) -> int:
     """The loop of every rank but 0: answer rank 0's commands until it says EXIT."""
     evaluator: Evaluator | None = None
+    scorers: dict[str, Any] = {}
     while True:
         op, payload = group.receive()
         if op == EXIT:
@@ -137,5 +184,14 @@ def follow(group: Group) -> int:
             code, text = statuses[group.rank]
             log.info("rank %d: evaluated my part of %s (load %.3fs): %s", group.rank, Path(payload["path"]).name,
                      part.load_s if part is not None else 0.0, "ok" if code == OK else text)
+        elif op == SWAP:
+            assert payload is not None
+            swap_share(evaluator, group, payload["path"], payload["kind"])
+        elif op == SCORE:
+            assert payload is not None
+            score_share(_scorer_for(scorers, evaluator, payload["scorer"]), group, payload)
+        elif op == GENERATE:
+            assert payload is not None
+            generate_share(_scorer_for(scorers, evaluator, payload["scorer"]), group, payload)
         elif op not in OP_NAMES:
             raise AssertionError(op)

@@ -28,7 +28,10 @@ import numpy as np
 log = logging.getLogger("evald.group")
 
 NOOP, BUILD, EVALUATE, EXIT = 1, 2, 3, 4
-OP_NAMES = {NOOP: "noop", BUILD: "build", EVALUATE: "evaluate", EXIT: "exit"}
+SWAP, SCORE, GENERATE = 5, 6, 7   # benchmark suites: load a step's weights; score or generate a share of requests
+OP_NAMES = {NOOP: "noop", BUILD: "build", EVALUATE: "evaluate", EXIT: "exit", SWAP: "swap", SCORE: "score",
+            GENERATE: "generate"}
+ANSWERED = (BUILD, EVALUATE, SWAP, SCORE, GENERATE)   # commands every rank answers
 OK, FAILED, DELETED, ERROR = 0, 1, 2, 3   # a rank's answer: evaluated, bad checkpoint, gone, unexpected
 HEARTBEAT_S = 5.0
 STATUS_BYTES = 2048                       # room for one rank's error text in an answer
@@ -91,7 +94,7 @@ def mindspore_sum() -> ReduceSum:
 
 class Group:
     """One rank's side of the group's traffic. Every rank must make the same calls in the same order:
-    rank 0 ``command``s, the others ``receive``, then all ``answer`` (BUILD and EVALUATE)."""
+    rank 0 ``command``s, the others ``receive``, then all ``answer`` (the ANSWERED commands)."""
 
     def __init__(self, rank: int, size: int, reduce_sum: ReduceSum | None = None) -> None:
         self.rank, self.size = rank, size
@@ -106,7 +109,7 @@ class Group:
         assert self.rank == 0 and not self.closed and not self.awaiting_answer
         data = json.dumps(payload).encode() if payload is not None else b""
         self._exchange_command(op, data)
-        self.awaiting_answer = op in (BUILD, EVALUATE)
+        self.awaiting_answer = op in ANSWERED
 
     def heartbeat(self) -> None:
         """Keep idle ranks' wait for a command shorter than the collective timeout."""
@@ -127,7 +130,7 @@ class Group:
     def receive(self) -> tuple[int, dict | None]:
         """Wait for rank 0's next command."""
         op, data = self._exchange_command(0, b"")
-        self.awaiting_answer = op in (BUILD, EVALUATE)
+        self.awaiting_answer = op in ANSWERED
         return op, (json.loads(data) if data else None)
 
     # --- every rank -------------------------------------------------------------------------

@@ -120,6 +120,14 @@ class Evaluator:
             texts.update(gen_texts)
         return EvalResult(metrics, texts, loaded - started, time.time() - verified, verified - loaded, provenance)
 
+    def swap_in(self, path: Path, kind: str) -> dict[str, Any]:
+        """Only load and prove the checkpoint at ``path`` (for a benchmark suite of a step whose
+        validation was done earlier); its provenance. CheckpointError if it is bad."""
+        source = load_into(self.weights, path, kind)
+        if not self.weights.valid:
+            raise CheckpointError(f"{path.name}: the swap did not complete")
+        return self._check_swap(path, source)
+
     def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> PartResult:
         """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows."""
         started = time.time()

@@ -37,12 +37,14 @@ log = logging.getLogger("evald.pipeline.pipeline")
 @dataclass(frozen=True)
 class Evaluated:
     result: EvalResult
+    identity: str | None = None   # the validation identity that produced it (evald.ledger cells)
 
 
 @dataclass(frozen=True)
 class Failed:
     reason: str
     state: str = FAILED
+    identity: str | None = None   # the validation identity that judged it, when it evaluated the file
 
 
 @dataclass(frozen=True)
@@ -57,14 +59,32 @@ class EvaluationPipeline(Protocol):
     """What the daemon needs of a pipeline: the real one below, or a test's stand-in."""
 
     blocked_reason: str | None
+    suites: dict[str, Any]           # name -> its SuiteRunner (evald.pipeline.suites), once built
+    suite_errors: dict[str, str]     # name -> why it cannot run
 
     @property
     def subset(self) -> SubsetInfo | None:
         """The fixed subset of the network built, or None before one is."""
 
+    @property
+    def validation_identity(self) -> str | None:
+        """The default validation's identity (sha256 of its settings), once built."""
+
+    def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> Any: ...
+
     def ensure_built(self, config: EvaldConfig) -> bool: ...
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome: ...
+
+
+@dataclass(frozen=True)
+class SuiteEvaluated:
+    result: Any                  # evald.pipeline.suites.SuiteResult
+    load_s: float                # 0 when the network already held the step's weights
+    provenance: dict
+
+
+SuiteOutcome = Union[SuiteEvaluated, Failed, Retry]
 
 
 @dataclass(frozen=True)
@@ -82,6 +102,10 @@ class Pipeline:
         self._built_specs: EvaluationSpec | None = None
         self._failed_specs: EvaluationSpec | None = None
         self._device_selected = group is not None  # a group's ranks picked their devices before init()
+        self.suites: dict[str, Any] = {}          # name -> evald.pipeline.suites.SuiteRunner
+        self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
+        self._suites_for: Any = None              # what the suites were built for
+        self.loaded_step: int | None = None       # the step whose weights the network holds, if proven
 
     @property
     def subset(self) -> SubsetInfo | None:
@@ -112,7 +136,85 @@ class Pipeline:
                       exc_info=not isinstance(exc, (ValueError, TypeError, ImportError)))
             return False
         self._built_specs, self._failed_specs, self.blocked_reason = specs, None, None
+        self._ensure_suites(config, specs)
         return True
+
+    @property
+    def validation_identity(self) -> str | None:
+        """sha256 of the validation's effective config (model, data, subset, settings), once built."""
+        from evald.pipeline.provenance import sha256_of
+
+        if self.evaluator is None or self._built_specs is None:
+            return None
+        return sha256_of(self._built_specs.identity())
+
+    def _ensure_suites(self, config: EvaldConfig, specs: EvaluationSpec) -> None:
+        """Build the configured benchmark suites on the network (once per configuration)."""
+        wanted = (dict(config.suites or {}), config.tokenizer_factory, config.tokenizer_kwargs, specs)
+        if wanted == self._suites_for:
+            return
+        self._suites_for, self.suites, self.suite_errors = wanted, {}, {}
+        if not config.suites:
+            return
+        from evald.contracts.wire import FactorySpec
+        from evald.pipeline.suites import SuiteRunner
+        from evald.pipeline.tokenizer import build_tokenizer
+
+        try:
+            spec = (FactorySpec(config.tokenizer_factory, dict(config.tokenizer_kwargs or {}), config.app_dir)
+                    if config.tokenizer_factory else None)
+            if spec is not None:
+                check_allowed(spec, "tokenizer", config.factory_allow)
+            tokenizer = build_tokenizer(spec)
+        except Exception as exc:  # noqa: BLE001 - a bad tokenizer blocks the suites, not the validation
+            for name in config.suites:
+                self.suite_errors[name] = f"cannot build the tokenizer: {exc}"
+            log.error("benchmark suites not run: cannot build the tokenizer: %s", exc)
+            return
+        network_identity = {"model": specs.model.target, "model_kwargs": dict(specs.model.kwargs), "task": specs.task}
+        for name, options in sorted(config.suites.items()):
+            try:
+                scorer = None
+                if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
+                    from evald.pipeline.group_scoring import GroupScorer
+                    from evald.pipeline.scoring import TokenScorer
+
+                    ids = config.device.ids
+                    wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
+                    ranks = [r for r in range(self.group.size) if ids[r % len(ids)] in wanted]
+                    scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
+                                                                 max_length=options.max_length,
+                                                                 batch_size=options.batch_size), ranks)
+                self.suites[name] = SuiteRunner(name, options, self.evaluator.network, tokenizer,  # type: ignore
+                                                network_identity=network_identity, scorer=scorer)
+            except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
+                self.suite_errors[name] = f"cannot build suite {name}: {exc}"
+                log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],
+                          exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))
+
+    def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome:
+        """Suite ``name`` on step ``row``'s weights (swapped in first unless the network holds them)."""
+        import time
+
+        assert self.evaluator is not None and name in self.suites, "ensure_built() first"
+        load_s, provenance = 0.0, {}
+        try:
+            if self.loaded_step != row.step:
+                self.loaded_step = None
+                started = time.time()
+                provenance = self.evaluator.swap_in(ckpt_dir / row.source, row.kind)
+                self.loaded_step, load_s = row.step, time.time() - started
+            result = self.suites[name].run()
+        except EvaluationInterrupted:
+            raise
+        except CheckpointDeleted as exc:
+            return Failed(str(exc), DELETED)
+        except CheckpointError as exc:
+            return Failed(str(exc))
+        except Exception as exc:  # noqa: BLE001 - not the checkpoint's fault, as far as anyone can tell
+            log.exception("suite %s on step %d (%s) raised unexpectedly", name, row.step, row.source)
+            return Retry(f"suite {name} raised {exc!r}")
+        return SuiteEvaluated(result, load_s, provenance)
 
     def _build(self, config: EvaldConfig, specs: EvaluationSpec) -> None:
         from evald.pipeline.device import select_device
@@ -149,6 +251,7 @@ class Pipeline:
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome:
         assert self.evaluator is not None, "ensure_built() first"
+        self.loaded_step = None
         try:
             result = self.evaluator.evaluate(ckpt_dir / row.source, row.kind, should_abort=self.should_abort)
         except EvaluationInterrupted:
@@ -156,8 +259,9 @@ class Pipeline:
         except CheckpointDeleted as exc:
             return Failed(str(exc), DELETED)
         except CheckpointError as exc:
-            return Failed(str(exc))
+            return Failed(str(exc), identity=self.validation_identity)
         except Exception as exc:  # not the checkpoint's fault, as far as anyone can tell
             log.exception("evaluating step %d (%s) raised unexpectedly", row.step, row.source)
             return Retry(f"evaluation raised {exc!r}")
-        return Evaluated(result)
+        self.loaded_step = row.step
+        return Evaluated(result, self.validation_identity)

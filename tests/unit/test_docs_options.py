@@ -201,6 +201,9 @@ def attribute(snippet: Snippet) -> list[Finding]:
             if not token.startswith("$("):
                 continue
             word = _word(token[2:])
+        if _word(token) == "--" and command == "evald backfill":
+            command = "evald"   # `evald backfill ... -- EVALD_OPTIONS`: what follows is evald's own
+            continue
         options = [m.group() for m in OPTION.finditer(token.partition("=")[0] if token.startswith("--")
                                                           else token)]
         if word == "evald" or word.endswith("/evald"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,8 +23,9 @@ from evald.config import EvaldConfig, ResolvedConfig
 from evald.contracts import layout, wire
 from evald.pipeline.network import EvalResult
 from evald.ledger.ledger import EVALUATED, Ledger
-from evald.pipeline.pipeline import Evaluated
 from evald.daemon.server import Server
+from evald.ledger.samples import read_samples
+from evald.pipeline.pipeline import Evaluated, SuiteEvaluated
 from evald.sinks.tensorboard import EventLog
 from evald.pipeline.subset import SubsetInfo
 from tests.harness import raw_scalar_steps
@@ -38,15 +40,31 @@ class Crash(BaseException):
 
 
 class StandInPipeline:
-    """Stands in for the MindSpore pipeline (evald.pipeline.pipeline.EvaluationPipeline)."""
+    """Stands in for the MindSpore pipeline (evald.pipeline.pipeline.EvaluationPipeline), with one
+    benchmark suite, ``fast`` (every checkpoint), whose cells are ledger cells like any."""
+
+    validation_identity = "v" * 64
 
     def __init__(self):
         self.subset = SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0)
         self.blocked_reason = None
         self.evaluated: list[int] = []
+        self.suite_evaluated: list[int] = []
+        self.suites = {"fast": SimpleNamespace(options=SimpleNamespace(every_k=1), cell_identity="c" * 64,
+                                               identity={"tokenizer": "t" * 64})}
+        self.suite_errors: dict[str, str] = {}
 
     def ensure_built(self, config):
         return True
+
+    def evaluate_suite(self, name, ckpt_dir, row):
+        self.suite_evaluated.append(row.step)
+        samples = [{"doc_id": 0, "target": "1", "resps": [[-1.0, False]], "metrics": {"acc": 1.0}}]
+        task = SimpleNamespace(metrics={"acc": 1.0, "acc_stderr": 0.0}, samples=samples, documents=1)
+        result = SimpleNamespace(tasks={"t": task}, identity={"suite": name, "lm_eval": "0.4.13"}, identity_sha256="s" * 64,
+                                 evaluate_s=0.0, compiled_graphs=2, tokens=10,
+                                 scalars=lambda: {f"{name}/t/acc": LOSS[row.step], f"{name}/t/acc_stderr": 0.0})
+        return SuiteEvaluated(result, 0.0, {})
 
     def evaluate(self, ckpt_dir, row):
         path = ckpt_dir / row.source
@@ -163,6 +181,9 @@ def test_a_crash_at_every_durable_write_loses_and_repeats_nothing(tmp_path_facto
         # only the step in flight at the crash (its result not committed) is evaluated again
         both = first.evaluated + second.evaluated
         assert len(both) - len(set(both)) <= 1 and set(both) == set(STEPS), (at, first.evaluated, second.evaluated)
+        cells = first.suite_evaluated + second.suite_evaluated  # ... and of the suite cells, the one in flight
+        assert len(cells) - len(set(cells)) <= 1 and set(cells) == set(STEPS), (at, first.suite_evaluated,
+                                                                                 second.suite_evaluated)
 
 
 def check(logdir, crash: str = "no crash") -> None:
@@ -176,8 +197,15 @@ def check(logdir, crash: str = "no crash") -> None:
         decisions = ledger.get_state("decisions")
         assert decisions["early_stop"]["best_step"] == 50 and decisions["early_stop"]["wait"] == 0, crash
         assert ledger.get_state("summarised") == ["r", 50], crash
+        assert [(c.step, c.state) for c in ledger.cells()] == [(s, EVALUATED) for s in STEPS], crash
+        assert all(not ledger.superseded(s) for s in STEPS), crash
     finally:
         ledger.close()
+    assert raw_scalar_steps(logdir, "eval/fast/t/acc") == list(STEPS), crash  # one point per cell, ever
+    assert raw_scalar_steps(logdir, "eval/fast/t/acc_stderr") == list(STEPS), crash
+    for step in STEPS:
+        head, samples = read_samples(logdir, "fast", "t", step)
+        assert samples[0]["metrics"] == {"acc": 1.0} and head["cell_identity"] == "c" * 64, crash
     assert raw_scalar_steps(logdir, "eval/loss") == list(STEPS), crash  # one point per step, ever
     assert raw_scalar_steps(logdir, "evald/evaluate_s") == list(STEPS), crash
     # TensorBoard's Custom Scalars layout: once, at the first evaluation, whatever crashed in between

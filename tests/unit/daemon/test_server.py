@@ -23,6 +23,9 @@ class NothingToEvaluate:
 
     subset = None
     blocked_reason = "no factories in this test"
+    validation_identity = None
+    suites: dict = {}
+    suite_errors: dict = {}
 
     def ensure_built(self, config):
         return False

@@ -1,0 +1,211 @@
+"""Benchmark suites in the work loop: which cells to queue, which to evaluate next, and their commit.
+
+A suite covers the steps evaluated since it was first configured for the run (kv
+``suites_since``: a suite added to a run that has evaluated steps starts after them; the older
+ones are ``evald backfill``'s): each such step whose validation is evaluated and that the suite's
+``every_k`` selects (the first, then every k-th) gets a cell. Which cells are due is derived from
+the ledger at every turn, so a crash between a step's validation and its cells loses none.
+The cells of the step just validated run at once, on the weights the network already holds; other
+queued cells (backfill, or cells left by a restart) run newest first, and only when no checkpoint
+waits for its validation, so while training runs the newest checkpoint goes first.
+
+One cell is one ledger transaction each way (start, finish with its TensorBoard record), and its
+per-sample files (evald.ledger.samples) are written, deterministically and atomically, before the
+finishing transaction, so a crash anywhere evaluates the cell again and writes the same files and
+exactly one TensorBoard point per metric (the crash-replay test covers it).
+
+May import: sinks, intake, decisions, pipeline, files, ledger, config, contracts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, Ledger, Record
+from evald.ledger.samples import write_samples
+from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
+from evald.pipeline.tasks.base import EvaluationInterrupted
+from evald.pipeline.tokenizer import TokenizerChanged, check_unchanged
+
+log = logging.getLogger("evald")
+
+SAMPLES_SHOWN = 3          # documents per task in the TensorBoard text of a step
+BACKFILL_KEY = "backfill_requests"   # kv: requests from `evald backfill` not yet queued
+SINCE_KEY = "suites_since"           # kv: {suite: the first step it covers without a backfill}
+TOKENIZER_KEY = "tokenizer_sha256"   # kv: the tokenizer this run's benchmarks use (one per run)
+
+
+def on_built(ledger: Ledger, pipeline: Pipeline) -> None:
+    """After a (re)build: results of another validation identity are superseded and their steps queued
+    again (issue 18.2/18.3); each suite's cells of another identity are superseded and queued again."""
+    identity = pipeline.validation_identity
+    if identity is not None:
+        again = ledger.supersede_validation(identity)
+        if again:
+            log.warning("the evaluation changed (model, data, subset or settings: identity %s): %d step(s) "
+                        "evaluated with the old one are evaluated again; their old results are kept, marked "
+                        "superseded: %s", identity[:12], len(again), ", ".join(map(str, again)))
+    recorded = ledger.get_state(TOKENIZER_KEY)
+    for name, runner in list(pipeline.suites.items()):
+        try:
+            check_unchanged(recorded, runner.identity["tokenizer"],
+                            max(ledger.step_numbers(), default=0))
+        except TokenizerChanged as exc:
+            pipeline.suites.pop(name)
+            pipeline.suite_errors[name] = str(exc)
+            log.error("suite %s not run: %s", name, exc)
+            continue
+        if recorded is None:
+            recorded = runner.identity["tokenizer"]
+            ledger.put_state(TOKENIZER_KEY, recorded)
+    since = dict(ledger.get_state(SINCE_KEY) or {})
+    new = [name for name in pipeline.suites if name not in since]
+    if new:
+        first = max((row.step for row in ledger.steps(EVALUATED)), default=-1) + 1
+        ledger.put_state(SINCE_KEY, {**since, **{name: first for name in new}})
+    for name, runner in pipeline.suites.items():
+        again = ledger.supersede_suite(name, runner.cell_identity)
+        if again:
+            log.warning("suite %s changed (identity %s): %d cell(s) of the old identity superseded and "
+                        "queued again: steps %s", name, runner.cell_identity[:12], len(again),
+                        ", ".join(map(str, again)))
+    take_backfill_requests(ledger, pipeline)
+
+
+def selected(evaluated_steps: Sequence[int], step: int, every_k: int) -> bool:
+    """The first evaluated step, then every ``every_k``-th one."""
+    ordered = sorted(evaluated_steps)
+    return step in ordered and ordered.index(step) % every_k == 0
+
+
+def queue_due(ledger: Ledger, pipeline: Pipeline) -> list[tuple[str, int]]:
+    """Queue every due cell that is missing (see the module's docstring); the (suite, step) queued."""
+    if not pipeline.suites:
+        return []
+    evaluated = [row.step for row in ledger.steps(EVALUATED)]
+    since = ledger.get_state(SINCE_KEY) or {}
+    have = {(c.suite, c.step) for c in ledger.cells()}
+    queued = []
+    for name, runner in sorted(pipeline.suites.items()):
+        due = [s for s in evaluated if s >= since.get(name, 0) and (name, s) not in have
+               and selected(evaluated, s, runner.options.every_k)]
+        if due:
+            queued += [(name, s) for s in ledger.queue_cells(name, runner.cell_identity, due)]
+    return queued
+
+
+def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> list[int]:
+    """Retained checkpoints a backfill covers: evaluated steps whose file is still there, in range,
+    every ``every``-th of them."""
+    rows = [row for row in ledger.steps(EVALUATED) if (ckpt_dir / row.source).exists()]
+    if steps is not None:
+        rows = [row for row in rows if steps[0] <= row.step <= steps[1]]
+    if every:
+        rows = rows[::every]
+    return [row.step for row in rows]
+
+
+def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | None = None) -> int:
+    """Queue the cells `evald backfill` asked for (kv ``backfill_requests``); cells queued."""
+    requests = ledger.get_state(BACKFILL_KEY) or []
+    if not requests or not pipeline.suites:
+        return 0
+    queued, left = 0, []
+    for request in requests:
+        runner = pipeline.suites.get(request["suite"])
+        if runner is None:
+            left.append(request)
+            continue
+        steps = request.get("steps")
+        queued += len(ledger.queue_cells(request["suite"], runner.cell_identity, steps))
+        log.info("backfill of suite %s: %d cell(s) queued of %d retained step(s)", request["suite"], queued,
+                 len(steps))
+    ledger.put_state(BACKFILL_KEY, left)
+    return queued
+
+
+def evaluate_cells(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: Path, *, max_attempts: int,
+                   step: int | None = None) -> bool:
+    """Evaluate the queued cells of ``step``, or else the newest queued cell; True if one was run."""
+    runnable = [c for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
+                and c.identity == pipeline.suites[c.suite].cell_identity]
+    if step is not None:
+        chosen = [c for c in runnable if c.step == step]
+    else:
+        chosen = sorted(runnable, key=lambda c: (-c.step, c.evaluation))[:1]
+    for cell in chosen:
+        _evaluate_cell(ledger, pipeline, ckpt_dir, run_dir, cell, max_attempts)
+    return bool(chosen)
+
+
+def waiting_cells(ledger: Ledger, pipeline: Pipeline) -> int:
+    """Queued cells this evald can run (a suite that is not built cannot hold the run open)."""
+    return sum(1 for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
+               and c.identity == pipeline.suites[c.suite].cell_identity)
+
+
+def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: Path, cell: Any,
+                   max_attempts: int) -> None:
+    name, runner = cell.suite, pipeline.suites[cell.suite]
+    row = ledger.step(cell.step)
+    if row is None:
+        ledger.finish_cell(cell.step, name, cell.identity, FAILED, reason="the step is not in the ledger")
+        return
+    ledger.start_cell(cell.step, name, cell.identity)
+    try:
+        outcome = pipeline.evaluate_suite(name, ckpt_dir, row)
+    except EvaluationInterrupted:
+        ledger.finish_cell(cell.step, name, cell.identity, QUEUED, reason="interrupted by a forced shutdown")
+        raise
+    now = time.time()
+    if isinstance(outcome, SuiteEvaluated):
+        result = outcome.result
+        for task, task_result in result.tasks.items():
+            write_samples(run_dir, suite=name, task=task, step=cell.step, identity=result.identity,
+                          identity_sha256=result.identity_sha256, cell_identity=cell.identity,
+                          metrics=task_result.metrics, samples=task_result.samples)
+        scalars = result.scalars()
+        bookkeeping = {f"evald/suites/{name}/evaluate_s": result.evaluate_s,
+                       f"evald/suites/{name}/load_s": outcome.load_s,
+                       f"evald/suites/{name}/compiled_graphs": float(result.compiled_graphs),
+                       f"evald/suites/{name}/tokens_per_s": result.tokens / max(result.evaluate_s, 1e-9)}
+        texts = {f"{name}/samples": _samples_text(result),
+                 f"evald/suites/{name}/identity": f"suite identity `{result.identity_sha256}`, cell "
+                                                  f"`{cell.identity}`, lm-eval {result.identity['lm_eval']}"}
+        record = Record("eval", cell.step, row.commit_time or now, {**scalars, **bookkeeping}, texts)
+        ledger.finish_cell(cell.step, name, cell.identity, EVALUATED, metrics=scalars, record=record,
+                           provenance={"identity": result.identity, "identity_sha256": result.identity_sha256,
+                                       **outcome.provenance})
+        shown = " ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in scalars.items() if not k.endswith("_stderr"))
+        log.info("step %d suite %s: %s | %.1fs, %d graph(s), %.0f tokens/s", cell.step, name, shown[:400],
+                 result.evaluate_s, result.compiled_graphs, bookkeeping[f"evald/suites/{name}/tokens_per_s"],
+                 extra={"step": cell.step, "state": EVALUATED, "suite": name})
+        return
+    attempts = (ledger.cell(cell.step, name).attempts if ledger.cell(cell.step, name) else 1)
+    if isinstance(outcome, Failed) or attempts >= max_attempts:
+        reason = outcome.reason if isinstance(outcome, Failed) else f"{outcome.reason} on each of {attempts} attempts"
+        state = outcome.state if isinstance(outcome, Failed) else FAILED
+        ledger.finish_cell(cell.step, name, cell.identity, state, reason=reason, record=Record(
+            "eval", cell.step, row.commit_time or now, {}, {f"evald/suites/{name}/failed": reason}))
+        log.error("step %d suite %s not evaluated (%s): %s", cell.step, name, state, reason)
+        return
+    assert isinstance(outcome, Retry)
+    ledger.finish_cell(cell.step, name, cell.identity, QUEUED, reason=f"attempt {attempts}: {outcome.reason}")
+    log.error("step %d suite %s: attempt %d raised unexpectedly (%s); queued again", cell.step, name, attempts,
+              outcome.reason)
+
+
+def _samples_text(result: Any) -> str:
+    """A handful of documents per task, for TensorBoard's Text page."""
+    parts = []
+    for task, task_result in result.tasks.items():
+        metrics = ", ".join(f"{k} {v:.4g}" for k, v in task_result.metrics.items() if not k.endswith("_stderr"))
+        parts.append(f"**{task}** ({task_result.documents} documents; {metrics})")
+        for sample in task_result.samples[:SAMPLES_SHOWN]:
+            resps = str(sample["resps"])[:200]
+            parts.append(f"- doc {sample['doc_id']}: target `{sample['target'][:80]!s}`, resps `{resps}`, "
+                         f"metrics {sample['metrics']}")
+    return "  \n".join(parts)

@@ -1,0 +1,117 @@
+"""lm-evaluation-harness's ``LM`` interface over evald's compiled network (through a TokenScorer).
+
+``EvaldLM`` is a ``lm_eval.api.model.TemplateLM`` of world size 1, so lm-eval does the tokenizing
+conventions itself (``_encode_pair`` moves the context's trailing whitespace into the continuation;
+an empty context is scored after the prefix/EOS token) and evald does the scoring:
+
+* ``loglikelihood``: (sum of the continuation's token log-probabilities, whether every token is the
+  argmax), in the scorer's fixed buckets;
+* ``loglikelihood_rolling``: HFLM's disjoint rolling windows
+  (``get_rolling_token_windows(tokens, prefix_token, max_length, context_len=1)`` +
+  ``make_disjoint_window``), every window of every document scored in one pass, summed per document;
+* ``generate_until``: greedy decoding only (a request asking for sampling is a ValueError), stopping
+  at any ``until`` string (cut from the text, as HFLM does), at EOS, or at ``max_gen_toks``.
+
+The ``scorer`` is anything with TokenScorer's ``score``/``generate``/``max_length``: the local
+TokenScorer, or an eval group's scorer that splits the requests over its ranks (lm-eval still sees
+one rank; evald.pipeline.group_evaluator).
+
+May import: the pipeline's scoring and tokenizer modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+
+from evald.pipeline.scoring import GenerateRequest, ScoreRequest
+from evald.pipeline.tokenizer import Tokenizer
+
+DEFAULT_MAX_GEN_TOKS = 256
+
+
+@dataclass
+class AdapterCounts:
+    loglikelihood: int = 0
+    rolling_windows: int = 0
+    generated: int = 0
+
+
+class EvaldLM(TemplateLM):
+    def __init__(self, scorer: Any, tokenizer: Tokenizer, *, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS) -> None:
+        super().__init__()
+        self.scorer, self.evald_tokenizer, self.max_gen_toks = scorer, tokenizer, max_gen_toks
+        self.counts = AdapterCounts()
+
+    # -- what TemplateLM needs -------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return int(self.evald_tokenizer.eos_id)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.scorer.max_length)
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        return list(self.evald_tokenizer.encode(string))
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.evald_tokenizer.decode(tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        scores = self.scorer.score([ScoreRequest(list(context), list(continuation))
+                                    for _, context, continuation in requests])
+        self.counts.loglikelihood += len(requests)
+        return [(s.total, s.is_greedy) for s in scores]
+
+    # -- rolling log-likelihood (bits per byte, perplexity) --------------------------------------
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        windows: list[ScoreRequest] = []
+        owner: list[int] = []
+        for index, (string,) in enumerate(req.args for req in requests):
+            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append(ScoreRequest(context, continuation))
+                owner.append(index)
+        totals = [0.0] * len(requests)
+        for index, score in zip(owner, self.scorer.score(windows)):
+            totals[index] += score.total
+        self.counts.rolling_windows += len(windows)
+        return totals
+
+    # -- greedy generation -----------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        prepared: list[tuple[list[str], GenerateRequest]] = []
+        for context, gen_kwargs in (req.args for req in requests):
+            kwargs = dict(gen_kwargs or {})
+            if kwargs.pop("do_sample", False) or float(kwargs.pop("temperature", 0.0) or 0.0) > 0.0:
+                raise ValueError(f"evald decodes greedily only; the task asks for sampling ({gen_kwargs}); "
+                                 f"set do_sample: false and temperature: 0 in its generation_kwargs")
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            eos_text = self.tok_decode([self.eot_token_id])
+            if eos_text and eos_text not in until:
+                until.append(eos_text)
+            max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+            stop = self._stopper(until)
+            prepared.append((until, GenerateRequest(self.tok_encode(context), max_new, stop)))
+        outputs = self.scorer.generate([g for _, g in prepared], eos_id=self.eot_token_id)
+        texts = []
+        for (until, _), ids in zip(prepared, outputs):
+            text = self.tok_decode(ids)
+            for stop in until:
+                if stop:
+                    text = text.split(stop)[0]
+            texts.append(text)
+            self.counts.generated += len(ids)
+        return texts
+
+    def _stopper(self, until: list[str]):
+        stops = [s for s in until if s]
+        if not stops:
+            return None
+        return lambda ids: any(s in self.tok_decode(ids) for s in stops)

@@ -1,0 +1,195 @@
+"""Benchmark suites: lm-evaluation-harness tasks on the compiled network, each suite with an identity.
+
+A ``SuiteRunner`` is built once per suite (``[suites.NAME]``, evald.config.options.SuiteOptions)
+beside the validation Evaluator, on the same network: it loads the suite's tasks through lm-eval's
+``TaskManager(include_path=...)``, draws each task's fixed, seeded subset of documents (passed to
+lm-eval as ``samples=`` doc indices, so every checkpoint sees the same documents), computes the
+suite's identity, and compiles its TokenScorer's buckets. ``run()`` then scores the weights the
+network holds now through ``lm_eval.simple_evaluate(model=EvaldLM, ..., log_samples=True)``.
+
+The identity (``identity``, hashed to ``identity_sha256``) is everything that makes two results
+comparable: the lm-eval version; each task's name, the sha256 of its resolved config (lm-eval's
+``dump_config``, functions by name) and of its selected documents; ``num_fewshot``; the subset's
+seed and size; the tokenizer's hash (evald.pipeline.tokenizer); the scorer's max_length. The
+ledger keys a suite's cells on ``cell_identity``: the suite identity together with the
+validation's network identity (model factory and kwargs), so another model configuration makes
+new cells too, while two runs' per-sample files stay comparable on the suite identity alone.
+
+May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset modules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from evald.config.options import SuiteOptions
+from evald.pipeline.scoring import TokenScorer
+from evald.pipeline.subset import select_subset
+from evald.pipeline.tokenizer import Tokenizer, tokenizer_hash
+
+log = logging.getLogger("evald.pipeline.suites")
+
+SAMPLE_TEXT_LIMIT = 4096   # characters of a target or generated response kept per document
+_SKIPPED_RESULT_KEYS = {"name", "alias", "sample_len", " ", "samples"}
+
+
+def _sha256(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=_plain).encode()).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """JSON for what lm-eval configs hold besides JSON: functions by name, never by address."""
+    if callable(value):
+        return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    name: str
+    metrics: dict[str, float]          # lm-eval's aggregate: "acc", "acc_stderr", ... (filter "none" dropped)
+    samples: list[dict]                # one per document: doc_id, target, resps, metrics
+    documents: int
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    suite: str
+    identity: dict[str, Any]
+    identity_sha256: str
+    tasks: dict[str, TaskResult]
+    evaluate_s: float
+    compiled_graphs: int
+    tokens: int                        # real tokens run through the network for this result
+
+    def scalars(self) -> dict[str, float]:
+        """TensorBoard's SUITE/TASK/METRIC (with METRIC_stderr) values."""
+        return {f"{self.suite}/{task}/{metric}": value for task, result in self.tasks.items()
+                for metric, value in result.metrics.items()}
+
+
+class SuiteRunner:
+    def __init__(self, name: str, options: SuiteOptions, network: Any, tokenizer: Tokenizer, *,
+                 network_identity: Mapping[str, Any] | None = None, scorer: Any = None) -> None:
+        os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # tasks and data are local: never download
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+
+        from evald.pipeline.lm_adapter import EvaldLM
+
+        started = time.time()
+        self.name, self.options = name, options
+        self.lm_eval_version = getattr(lm_eval, "__version__", "unknown")
+        self.task_manager = task_manager(tuple(options.include_path), tuple(options.tasks))
+        loaded = self.task_manager.load(list(options.tasks))["tasks"]
+        if not loaded:
+            raise ValueError(f"suite {name}: lm-eval found no task for {list(options.tasks)} (include_path "
+                             f"{list(options.include_path)})")
+        self.scorer = scorer or TokenScorer(network, max_length=options.max_length, batch_size=options.batch_size)
+        self.lm = EvaldLM(self.scorer, tokenizer, max_gen_toks=options.max_gen_toks)
+        self.documents: dict[str, list[int]] = {}
+        tasks: dict[str, Any] = {}
+        for task_name, task in sorted(loaded.items()):
+            docs = list(task.eval_docs)
+            count = len(docs)
+            if count == 0:
+                raise ValueError(f"suite {name}: task {task_name} has no evaluation documents")
+            chosen = ([int(i) for i in select_subset(count, options.limit, options.seed)]
+                      if options.limit and options.limit < count else list(range(count)))
+            self.documents[task_name] = chosen
+            tasks[task_name] = {"config_sha256": _sha256(task.dump_config()),
+                                "docs_sha256": _sha256([docs[i] for i in chosen]), "documents": count,
+                                "output_type": task.get_config("output_type")}
+        self.identity = {
+            "suite": name, "lm_eval": self.lm_eval_version, "tasks": tasks, "num_fewshot": options.num_fewshot,
+            "subset": {"seed": options.seed, "size": options.limit}, "tokenizer": tokenizer_hash(tokenizer),
+            "max_length": self.scorer.max_length, "max_gen_toks": options.max_gen_toks}
+        self.identity_sha256 = _sha256(self.identity)
+        self.network_identity = dict(network_identity or {})
+        self.cell_identity = _sha256({"suite": self.identity_sha256, "network": self.network_identity})
+        self.scorer.warm_up()
+        log.info("suite %s ready in %.1fs: %d task(s), %d document(s), identity %s, %d graph(s) compiled", name,
+                 time.time() - started, len(tasks), sum(len(d) for d in self.documents.values()),
+                 self.identity_sha256[:12], self.scorer.compiled_graphs)
+
+    def run(self) -> SuiteResult:
+        """Evaluate the weights the network holds now."""
+        import lm_eval
+
+        started, before = time.time(), self.scorer.stats.real_tokens
+        seed = self.options.seed
+        out = lm_eval.simple_evaluate(
+            model=self.lm, tasks=list(self.options.tasks), num_fewshot=self.options.num_fewshot,
+            samples={t: list(d) for t, d in self.documents.items()}, log_samples=True,
+            task_manager=self.task_manager, bootstrap_iters=1000, random_seed=seed, numpy_random_seed=seed,
+            fewshot_random_seed=seed)
+        tasks = {}
+        for task_name in self.documents:
+            metrics = _aggregates(out["results"].get(task_name, {}))
+            samples = [sample_record(s) for s in sorted(out["samples"].get(task_name, []),
+                                                        key=lambda s: int(s["doc_id"]))]
+            tasks[task_name] = TaskResult(task_name, metrics, samples, len(samples))
+        return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
+                           self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
+
+
+_TASK_MANAGERS: dict[tuple, Any] = {}
+
+
+def task_manager(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
+    """lm-eval's TaskManager for these local YAMLs; lm-eval's own ~15,000 tasks are indexed (seconds)
+    only when a task is not among the local ones. One per process and include path."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path:
+        key = (include_path, False)
+        if key not in _TASK_MANAGERS:
+            _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path), include_defaults=False)
+        local = _TASK_MANAGERS[key]
+        if all(t in local.all_tasks for t in tasks):
+            return local
+    key = (include_path, True)
+    if key not in _TASK_MANAGERS:
+        _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path) or None)
+    return _TASK_MANAGERS[key]
+
+
+def _aggregates(result: Mapping[str, Any]) -> dict[str, float]:
+    """lm-eval's ``"acc,none"`` / ``"acc_stderr,none"`` as ``acc`` / ``acc_stderr`` (another filter:
+    ``acc@filter``); "N/A" and non-numbers left out."""
+    metrics = {}
+    for key, value in result.items():
+        if key in _SKIPPED_RESULT_KEYS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        metric, _, filt = key.partition(",")
+        metrics[metric if filt in ("", "none") else f"{metric}@{filt}"] = float(value)
+    return metrics
+
+
+def sample_record(sample: Mapping[str, Any]) -> dict:
+    """One document's lm-eval sample as evald keeps it: doc_id, target, resps, metrics."""
+    resps = _jsonable(sample.get("filtered_resps", sample.get("resps")))
+    return {"doc_id": int(sample["doc_id"]), "target": str(sample.get("target"))[:SAMPLE_TEXT_LIMIT], "resps": resps,
+            "metrics": {m: _jsonable(sample[m]) for m in sample.get("metrics", []) if m in sample}}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, str):
+        return value[:SAMPLE_TEXT_LIMIT]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)[:SAMPLE_TEXT_LIMIT]

@@ -1,0 +1,69 @@
+"""Which suite cells are due, backfill requests, and a tokenizer that changes within a run."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from evald.daemon import suite_turn
+from evald.ledger.ledger import EVALUATED, QUEUED, Ledger, Record
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    yield ledger
+    ledger.close()
+
+
+def _pipeline(tokenizer="t" * 64, every_k=1, names=("fast",)):
+    suites = {n: SimpleNamespace(options=SimpleNamespace(every_k=every_k), cell_identity=f"{n}-id".ljust(64, "0"),
+                                 identity={"tokenizer": tokenizer}) for n in names}
+    return SimpleNamespace(suites=suites, suite_errors={}, validation_identity="v" * 64)
+
+
+def _evaluate(ledger, step):
+    ledger.admit(name=f"step_{step:09d}", step=step, kind="evald", found_via="rescan", run_id="r", commit_time=1.0)
+    ledger.start(step)
+    ledger.finish(step, EVALUATED, metrics={"eval/loss": 1.0}, identity="v" * 64,
+                  record=Record("eval", step, 1.0, {"eval/loss": 1.0}, {}))
+
+
+def test_every_k_selects_the_first_then_every_kth_evaluated_step(ledger):
+    pipeline = _pipeline(every_k=2)
+    suite_turn.on_built(ledger, pipeline)
+    for step in (10, 20, 30, 40, 50):
+        _evaluate(ledger, step)
+    assert suite_turn.queue_due(ledger, pipeline) == [("fast", 10), ("fast", 30), ("fast", 50)]
+    assert suite_turn.queue_due(ledger, pipeline) == []   # never twice
+
+
+def test_a_suite_added_later_covers_new_steps_and_backfill_the_old_ones(ledger, tmp_path):
+    for step in (10, 20):
+        _evaluate(ledger, step)
+    pipeline = _pipeline()
+    suite_turn.on_built(ledger, pipeline)          # added to a run with evaluated steps
+    assert suite_turn.queue_due(ledger, pipeline) == []
+    _evaluate(ledger, 30)
+    assert suite_turn.queue_due(ledger, pipeline) == [("fast", 30)]
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20):                          # retained on disk; 30's file is gone
+        (ckpt / f"step_{step:09d}").mkdir(parents=True)
+    steps = suite_turn.backfill_steps(ledger, ckpt, None, None)
+    assert steps == [10, 20]
+    ledger.put_state(suite_turn.BACKFILL_KEY, [{"suite": "fast", "steps": steps}])
+    assert suite_turn.take_backfill_requests(ledger, pipeline) == 2
+    assert sorted(c.step for c in ledger.cells(QUEUED)) == [10, 20, 30]
+    ledger.put_state(suite_turn.BACKFILL_KEY, [{"suite": "fast", "steps": steps}])
+    assert suite_turn.take_backfill_requests(ledger, pipeline) == 0   # no cell twice
+    assert suite_turn.backfill_steps(ledger, ckpt, (15, 25), None) == [20]
+    assert suite_turn.backfill_steps(ledger, ckpt, None, 2) == [10]
+
+
+def test_a_tokenizer_that_changes_within_a_run_is_an_error_named_as_such(ledger):
+    suite_turn.on_built(ledger, _pipeline(tokenizer="a" * 64))
+    changed = _pipeline(tokenizer="b" * 64)
+    suite_turn.on_built(ledger, changed)
+    assert changed.suites == {}
+    assert "tokenizer changed between checkpoints of this run" in changed.suite_errors["fast"]
