@@ -68,6 +68,9 @@ class Run:
         self.ledger.recover_interrupted(self.config.tuning.max_attempts)
         self.decisions = Decisions(self.config)
         self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
+        self.suite_monitor = suite_turn.SuiteMonitor(  # a monitor on a suite metric decides on its cells
+            self.decisions, newest_step=lambda: self.intake.newest_step,
+            every_n_steps=lambda: self.announcement.every_n_steps if self.announcement else None)
         self.tensorboard = TensorBoardSink(run_dir, self.ledger)
         self.intake = Intake(ckpt_dir, self.ledger, self.config)
         requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
@@ -227,6 +230,14 @@ class Run:
                             lambda: layout.atomic_write_text(self.run_dir / "subset.json", subset.to_json()))
         return ready
 
+    def _after_suite_decision(self) -> None:
+        """A suite monitor decided on a cell: the best pointer and the control state follow it."""
+        outcome, self.suite_monitor.outcome = self.suite_monitor.outcome, None
+        if outcome is not None:
+            if outcome.improved:
+                self._write_best_pointer()
+            self._publish()
+
     def work(self) -> bool:
         """Evaluate or skip one queued step; True if something was done."""
         if not self.ledger.steps(QUEUED):
@@ -235,8 +246,10 @@ class Run:
             suite_turn.take_backfill_requests(self.ledger, self.pipeline)
             suite_turn.queue_due(self.ledger, self.pipeline)
             done = suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
-                                             max_attempts=self.config.tuning.max_attempts)
+                                             max_attempts=self.config.tuning.max_attempts,
+                                             monitor=self.suite_monitor)
             self.tensorboard.drain()
+            self._after_suite_decision()
             return done
         if not self.prepare():
             if time.monotonic() - self._blocked_said_at > BLOCKED_REMINDER_S:
@@ -259,8 +272,10 @@ class Run:
             suite_turn.queue_due(self.ledger, self.pipeline)
             if self.ledger.cell_counts():
                 suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
-                                          max_attempts=self.config.tuning.max_attempts, step=done[0].step)
+                                          max_attempts=self.config.tuning.max_attempts, step=done[0].step,
+                                          monitor=self.suite_monitor)
                 self.tensorboard.drain()
+                self._after_suite_decision()
         if done is not None and done[1] is not None and done[0].found_via == RETRY and self.ledger.superseded(
                 done[0].step):  # a re-evaluation: the best comes from current results only (issue 18.2)
             self.decisions.rebuild_best({row.step: row.metrics or {} for row in self.ledger.steps(EVALUATED)})

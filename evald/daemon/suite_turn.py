@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from evald.decisions.decisions import Decisions, Outcome
+from evald.decisions.monitor_targets import parse_suite_monitor
 from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, Ledger, Record
 from evald.ledger.samples import write_samples
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.pipeline.tokenizer import TokenizerChanged, check_unchanged
+from evald.sinks.sample_files import paired_se_of_monitor
 
 log = logging.getLogger("evald")
 
@@ -127,8 +131,31 @@ def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | 
     return queued
 
 
+@dataclass
+class SuiteMonitor:
+    """Early stopping and the best pointer on a suite metric (``--monitor SUITE/TASK/METRIC``): the
+    decisions see each cell of that suite, with the paired SE of its difference from the best step
+    (evald.sinks.sample_files), and their state is committed with the cell."""
+
+    decisions: Decisions
+    newest_step: Callable[[], int]
+    every_n_steps: Callable[[], int | None]
+    outcome: Outcome | None = None      # of the last cell it decided on (the run publishes it)
+
+    def wants(self, suite: str) -> bool:
+        parsed = parse_suite_monitor(self.decisions.monitor)
+        return parsed is not None and parsed.suite == suite
+
+    def observe(self, run_dir: Path, step: int, scalars: Mapping[str, float]) -> tuple[dict[str, str], dict]:
+        """The decision texts and the ledger state to commit with the cell."""
+        paired = paired_se_of_monitor(run_dir, self.decisions.monitor, step, self.decisions.best_step)
+        self.outcome = self.decisions.observe_eval(step, scalars, newest_step=max(self.newest_step(), step),
+                                                   every_n_steps=self.every_n_steps(), paired_se=paired.value)
+        return self.outcome.texts(), {"decisions": self.decisions.state_dict()}
+
+
 def evaluate_cells(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: Path, *, max_attempts: int,
-                   step: int | None = None) -> bool:
+                   step: int | None = None, monitor: SuiteMonitor | None = None) -> bool:
     """Evaluate the queued cells of ``step``, or else the newest queued cell; True if one was run."""
     runnable = [c for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
                 and c.identity == pipeline.suites[c.suite].cell_identity]
@@ -137,7 +164,7 @@ def evaluate_cells(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
     else:
         chosen = sorted(runnable, key=lambda c: (-c.step, c.evaluation))[:1]
     for cell in chosen:
-        _evaluate_cell(ledger, pipeline, ckpt_dir, run_dir, cell, max_attempts)
+        _evaluate_cell(ledger, pipeline, ckpt_dir, run_dir, cell, max_attempts, monitor)
     return bool(chosen)
 
 
@@ -148,7 +175,7 @@ def waiting_cells(ledger: Ledger, pipeline: Pipeline) -> int:
 
 
 def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: Path, cell: Any,
-                   max_attempts: int) -> None:
+                   max_attempts: int, monitor: SuiteMonitor | None = None) -> None:
     name, runner = cell.suite, pipeline.suites[cell.suite]
     row = ledger.step(cell.step)
     if row is None:
@@ -175,10 +202,14 @@ def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
         texts = {f"{name}/samples": _samples_text(result),
                  f"evald/suites/{name}/identity": f"suite identity `{result.identity_sha256}`, cell "
                                                   f"`{cell.identity}`, lm-eval {result.identity['lm_eval']}"}
+        kv = None
+        if monitor is not None and monitor.wants(name):
+            decided, kv = monitor.observe(run_dir, cell.step, scalars)
+            texts.update(decided)
         record = Record("eval", cell.step, row.commit_time or now, {**scalars, **bookkeeping}, texts)
         ledger.finish_cell(cell.step, name, cell.identity, EVALUATED, metrics=scalars, record=record,
                            provenance={"identity": result.identity, "identity_sha256": result.identity_sha256,
-                                       **outcome.provenance})
+                                       **outcome.provenance}, kv=kv)
         shown = " ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in scalars.items() if not k.endswith("_stderr"))
         log.info("step %d suite %s: %s | %.1fs, %d graph(s), %.0f tokens/s", cell.step, name, shown[:400],
                  result.evaluate_s, result.compiled_graphs, bookkeeping[f"evald/suites/{name}/tokens_per_s"],

@@ -311,8 +311,8 @@ class Ledger:
     @durable
     def finish_cell(self, step: int, suite: str, identity: str, state: str, *, reason: str | None = None,
                     metrics: Mapping[str, float] | None = None, record: Record | None = None,
-                    provenance: Mapping[str, Any] | None = None) -> None:
-        """A suite cell's outcome and its TensorBoard record, at once."""
+                    provenance: Mapping[str, Any] | None = None, kv: Mapping[str, Any] | None = None) -> None:
+        """A suite cell's outcome, its TensorBoard record and the decisions it led to, at once."""
         assert state in (EVALUATED, FAILED, DELETED, QUEUED), state
         with self._transaction() as db:
             db.execute("UPDATE cells SET state=?, reason=?, metrics=?, provenance=?, finished_at=? WHERE step=? AND "
@@ -322,6 +322,7 @@ class Ledger:
                         identity))
             if record is not None:
                 self._outbox(db, record)
+            _put(db, kv)
 
     @durable
     def add_records(self, records: Sequence[Record], kv: Mapping[str, Any] | None = None) -> None:

@@ -33,7 +33,8 @@ def test_a_folder_named_evald_in_the_current_directory_does_not_shadow_the_ranks
     env.update(GLOG_v="3", EVALD_SOCKET_DIR=str(tmp_path / "sock"), EVALD_APP_DIR=str(REPO))
     out = subprocess.run([str(CONSOLE_SCRIPT), "--device", "0,1", "--ckpt-dir", str(ckpt), "--endpoint", "none",
                           "--lag-policy", "all", "--subset-size", "32", "--batch-size", "16",
-                          "--generation", '{"prompts": 0}', "--group", f'{{"log_dir": "{tmp_path / "msrun"}"}}'],
+                          "--generation", '{"prompts": 0}', "--idle-exit-s", "5",
+                          "--group", f'{{"log_dir": "{tmp_path / "msrun"}"}}'],
                          cwd=home, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "cannot import name" not in (tmp_path / "msrun" / "worker_1.log").read_text(errors="replace")
