@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from evald.config.values import DEVICE_TARGETS, DeviceSpec, MinDelta
 
-_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", re.ASCII)  # fullmatch
 
 
 class ConfigError(ValueError):
@@ -130,7 +130,7 @@ def _choice(f, value, source, key):
 
 
 def _factory(f, value, source, key):
-    if not isinstance(value, str) or not _FACTORY.match(value):
+    if not isinstance(value, str) or not _FACTORY.fullmatch(value):
         raise ConfigError(source, key, f"expected 'package.module:function', got {value!r}")
     return value
 
@@ -182,7 +182,7 @@ def _plugins(f, value, source, key):
             spec = {"target": spec}
         if not isinstance(spec, dict) or set(spec) - {"target", "kwargs", "name"}:
             raise ConfigError(source, where, f"expected 'module:Class' or {{target, kwargs, name}}, got {spec!r}")
-        if not isinstance(spec.get("target"), str) or not _FACTORY.match(spec["target"]):
+        if not isinstance(spec.get("target"), str) or not _FACTORY.fullmatch(spec["target"]):
             raise ConfigError(source, where, f"target must be 'package.module:Class', got {spec.get('target')!r}")
         if not isinstance(spec.get("kwargs", {}), dict):
             raise ConfigError(source, where, "kwargs must be a table")
@@ -245,7 +245,7 @@ def _modules(f, value, source, key):
     if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
         raise ConfigError(source, key, f"expected module prefixes such as 'mypkg.,examples.', got {value!r}")
     prefixes = tuple(i.strip() for i in items if i.strip())
-    bad = [p for p in prefixes if not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\.?$", p)]
+    bad = [p for p in prefixes if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\.?", p, re.ASCII)]
     if bad or not prefixes:
         raise ConfigError(source, key, f"{bad or value!r}: expected dotted module names such as mypkg. or examples")
     return prefixes
@@ -253,14 +253,14 @@ def _modules(f, value, source, key):
 
 def _endpoint(f, value, source, key):
     text = _str(f, value, source, key)
-    if not re.match(r"^(ipc://.+|tcp://[^\s/]+:\d{1,5}|none)$", text):
+    if not re.fullmatch(r"ipc://[^\x00-\x1f]+|tcp://[^\s/]+:[0-9]{1,5}|none", text):
         raise ConfigError(source, key, f"expected ipc://PATH, tcp://HOST:PORT or none, got {text!r}")
     return text
 
 
 def _name(f, value, source, key):
     text = _str(f, value, source, key)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}$", text):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}", text):
         raise ConfigError(source, key, f"expected a name of letters, digits and . _ + = @ , - (a directory "
                                        f"name, up to 128 characters, not starting with a dot), got {text!r}")
     return text

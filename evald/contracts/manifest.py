@@ -30,7 +30,7 @@ HASH_ALGORITHM = "sha256"   # why: docs/performance.md ("Integrity check")
 HASH_VERSION = 1            # 1: one digest per file, of all its bytes in order
 # Keys of a part of a partitioned snapshot (evald.contracts.partition): only version 3 has them.
 PARTITION_KEYS = ("parts",), ("slice", "global_shape"), ("rank",)
-_SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")  # fullmatch
 
 
 class LayoutError(ValueError):
@@ -193,7 +193,7 @@ def _check(manifest: Manifest, source: str) -> None:
     digest_len = 2 * sio.HASHES[manifest.hash_algorithm]().digest_size
     sizes = {}
     for f in manifest.files:
-        if not _SAFE_FILE_NAME.match(f.name) or f.name == MANIFEST_FILE:
+        if not _SAFE_FILE_NAME.fullmatch(f.name) or f.name == MANIFEST_FILE:
             problems.append(f"file name {f.name!r} is not a plain weights file name")
         if f.name in sizes:
             problems.append(f"file {f.name!r} is listed twice")

@@ -11,8 +11,9 @@ How the trainer side meets this loop (see trainer_hooks.EvaldHook)::
     rank 0 SUB control_state  <------------  control PUB (stop step, LR advice, summary)
 
 Signals only set flags: the first SIGINT/SIGTERM sets ``should_exit`` (the current
-evaluation finishes, then evald exits 0); a second sets ``force_exit``, which the
-evaluation checks between batches (abandoned, re-queued, exit 1).
+evaluation finishes, then evald exits 0; a checkpoint still being read stops between
+chunks, is re-queued, exit 1); a second sets ``force_exit``, which the evaluation checks
+between batches (abandoned, re-queued, exit 1).
 
 Exit codes: 0 done; 1 forced exit; 2 bad configuration or another evald in the way;
 3 checkpoints wait that cannot be evaluated (docs/reliability.md).
@@ -35,6 +36,7 @@ from evald.daemon import private_files
 
 from evald.intake import trust
 from evald.config import ResolvedConfig
+from evald.contracts import safetensors_io
 from evald.contracts.auth import SecurityError
 from evald.contracts.wire import default_socket_dir
 from evald.daemon.turn import SystemicFailure
@@ -73,6 +75,7 @@ class Server:
         self._last_activity = time.monotonic()
         self._said_exiting = False
         disk_full.stop_waiting_when(lambda: self.should_exit)  # a signal ends a wait for disk space
+        safetensors_io.stop_reading_when(lambda: self.should_exit)  # ... and a read, between chunks
 
     def serve(self) -> int:
         self._install_signal_handlers()
