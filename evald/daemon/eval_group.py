@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from evald.contracts.outside_paths import resolve
 from evald.config import ResolvedConfig
 from evald.config.schema import parse_cpus
 
@@ -102,7 +103,7 @@ def launch(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
 
     logs.configure(resolved.config.log_level, resolved.config.log_format)
     config = resolved.config
-    log_dir = log_dir_of(resolved).resolve()
+    log_dir = resolve(log_dir_of(resolved), "the eval group's log directory (group.log_dir)")
     log_dir.mkdir(parents=True, exist_ok=True)
     exit_file = log_dir / "rank0.exit"
     exit_file.unlink(missing_ok=True)

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from evald.contracts.outside_paths import resolve
+
 
 class InUse(RuntimeError):
     """Another evald holds the lock; the message names it."""
@@ -63,5 +65,5 @@ def endpoint_lock_path(endpoint: str, socket_dir: Path) -> Path:
 
 def directory_lock_path(ckpt_dir: Path, socket_dir: Path) -> Path:
     """One lock per checkpoint directory per host and user, whatever log directory evald uses."""
-    digest = hashlib.sha256(str(Path(ckpt_dir).resolve()).encode()).hexdigest()[:20]
+    digest = hashlib.sha256(str(resolve(ckpt_dir, "the checkpoint directory")).encode()).hexdigest()[:20]
     return socket_dir / f"serving-{digest}.lock"

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from evald.contracts.outside_paths import OutsidePathError, resolve
 from evald.files import mindformers as mindformers_layout
 
 IDENTITY_FILE = "evald-run.json"
@@ -76,17 +77,25 @@ class RunDir:
 def default_logdir(ckpt_dir: Path) -> Path:
     """Beside the checkpoint directory, never inside it: ``CKPT_DIR/../tensorboard`` (beside a
     MindFormers output directory for ``OUTPUT/checkpoint_network/rank_0``: not in its tree)."""
-    return mindformers_layout.output_dir_of(Path(ckpt_dir).resolve()).parent / DEFAULT_LOGDIR_NAME
+    return mindformers_layout.output_dir_of(_resolved(ckpt_dir, "the checkpoint directory")).parent / DEFAULT_LOGDIR_NAME
 
 
 def default_run_name(ckpt_dir: Path) -> str:
     """The checkpoint directory's name, or its parent's when the name is generic (runs/exp1/ckpt: exp1)."""
-    path = mindformers_layout.output_dir_of(Path(ckpt_dir).resolve())
+    path = mindformers_layout.output_dir_of(_resolved(ckpt_dir, "the checkpoint directory"))
     name = path.name
     if name.lower() in GENERIC_NAMES and path.parent.name:
         name = path.parent.name
     name = re.sub(r"[^A-Za-z0-9._+=@,-]", "_", name).lstrip("._-+=@,")[:128]
     return name or "run"
+
+
+def _resolved(path: Path | str, what: str) -> Path:
+    """``path`` resolved safely (evald.contracts.outside_paths); RunDirError, exit 2, when it cannot be."""
+    try:
+        return resolve(path, what)
+    except OutsidePathError as exc:
+        raise RunDirError(f"{exc}; give another one") from None
 
 
 def read_identity(run_path: Path) -> dict | None:
@@ -113,7 +122,7 @@ def runs_in(logdir: Path) -> list[RunDir]:
 
 def find_run(ckpt_dir: Path, logdir: Path) -> RunDir | None:
     """The run of ``logdir`` that serves ``ckpt_dir``, if any (read-only)."""
-    ckpt_dir = Path(ckpt_dir).resolve()
+    ckpt_dir = _resolved(ckpt_dir, "the checkpoint directory")
     return next((run for run in runs_in(logdir) if run.ckpt_dir == ckpt_dir), None)
 
 
@@ -123,8 +132,8 @@ def open_run(ckpt_dir: Path, logdir: Path | None, run_name: str | None) -> RunDi
     Raises RunDirError when ``run_name`` belongs to another checkpoint directory, or
     when this checkpoint directory is already served under another name.
     """
-    ckpt_dir = Path(ckpt_dir).resolve()
-    logdir = Path(logdir).resolve() if logdir else default_logdir(ckpt_dir)
+    ckpt_dir = _resolved(ckpt_dir, "the checkpoint directory")
+    logdir = _resolved(logdir, "the log directory (--logdir)") if logdir else default_logdir(ckpt_dir)
     if logdir == ckpt_dir or ckpt_dir in logdir.parents:
         log.warning("the log directory %s is inside the checkpoint directory %s: evald writes there because it "
                     "was told to, but the trainer's directory is best left to the trainer (the default log "
@@ -200,7 +209,7 @@ def locate(run_dir: Path | None, ckpt_dir: Path | None, logdir: Path | None, run
         run = find_run(Path(ckpt_dir), logdir)
         if run is not None:
             return run.path
-        raise RunDirError(f"no run in {logdir} serves {Path(ckpt_dir).resolve()}; has evald started on it? "
+        raise RunDirError(f"no run in {logdir} serves {_resolved(ckpt_dir, 'the checkpoint directory')}; has evald started on it? "
                           f"(give --logdir if evald was given one)")
     runs = runs_in(logdir)
     if len(runs) == 1:

@@ -36,7 +36,7 @@ from evald.daemon import private_files
 
 from evald.intake import trust
 from evald.config import ResolvedConfig
-from evald.contracts import safetensors_io
+from evald.contracts import outside_paths, safetensors_io
 from evald.contracts.auth import SecurityError
 from evald.contracts.wire import default_socket_dir
 from evald.daemon.turn import SystemicFailure
@@ -74,6 +74,7 @@ class Server:
         self.locks: list[Lock] = []
         self._last_activity = time.monotonic()
         self._said_exiting = False
+        self._refused_attach, self._refused_attach_said_at = 0, float("-inf")
         disk_full.stop_waiting_when(lambda: self.should_exit)  # a signal ends a wait for disk space
         safetensors_io.stop_reading_when(lambda: self.should_exit)  # ... and a read, between chunks
 
@@ -82,7 +83,7 @@ class Server:
         try:
             self.startup()
             self.main_loop()
-        except (InUse, RunDirError, SecurityError, LedgerVersionError) as exc:
+        except (InUse, RunDirError, SecurityError, LedgerVersionError, outside_paths.OutsidePathError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
         except (CannotEvaluate, SystemicFailure) as exc:
@@ -112,7 +113,7 @@ class Server:
                      channels.notification_endpoint(self.config))
 
     def attach(self, ckpt_dir: Path) -> None:
-        ckpt_dir = ckpt_dir.resolve()
+        ckpt_dir = outside_paths.resolve(ckpt_dir, "the checkpoint directory")
         how = "give this one another --ckpt-dir"
         self.locks.append(Lock(directory_lock_path(ckpt_dir, default_socket_dir()), f"checkpoint directory "
                                f"{ckpt_dir}", how))
@@ -163,7 +164,7 @@ class Server:
                 # The first trusted notification names the directory; an untrusted one is refused, with why.
                 origin = trust.of_message(self.receiver, peer_trusted=source == ZMQ)
                 if trust.may_attach(origin, payload.ckpt_dir, payload.TYPE):
-                    self.attach(Path(payload.ckpt_dir))
+                    self._attach_for(payload)
             if self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
             if handled == EVENTS_PER_TURN:
@@ -172,6 +173,23 @@ class Server:
                 item = self.events.get_nowait()
             except queue.Empty:
                 return
+
+    def _attach_for(self, message: Any) -> None:
+        """Serve the directory a trusted first message names. One that cannot be served (a link loop,
+        another evald's, a run directory that is not evald's) is refused and logged, at most once per
+        10 s: no message can raise out of the loop, whatever it holds; evald waits for the next."""
+        held = len(self.locks)
+        try:
+            self.attach(Path(message.ckpt_dir))
+        except Exception as exc:  # noqa: BLE001 - whatever the message named
+            for lock in self.locks[held:]:
+                lock.release()
+            del self.locks[held:]
+            self.run, self._refused_attach = None, self._refused_attach + 1
+            if time.monotonic() - self._refused_attach_said_at >= 10.0:
+                self._refused_attach_said_at = time.monotonic()
+                log.error("not serving the directory a %s message names: %s (%d such messages so far; one such "
+                          "line every 10 s at most)", message.TYPE, str(exc)[:1000], self._refused_attach)
 
     def _idle_too_long(self) -> bool:
         limit = self.config.idle_exit_s
