@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from evald.contracts.outside_paths import resolve
+from evald.contracts.wire import SocketDirError, ensure_private_dir
 
 
 class InUse(RuntimeError):
@@ -28,8 +29,12 @@ class InUse(RuntimeError):
 class Lock:
     def __init__(self, path: Path, what: str, how_to_choose: str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        ensure_private_dir(self.path.parent)  # not through another user's link, not in a directory others write
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as exc:
+            raise SocketDirError(f"lock file {self.path} cannot be opened ({exc.strerror}): a link or not a "
+                                 f"regular file? remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,33 @@ def _resolved(path: Path | str, what: str) -> Path:
         raise RunDirError(f"{exc}; give another one") from None
 
 
+def check_owned(path: Path, what: str = "run directory") -> None:
+    """RunDirError unless ``path`` is a real directory (no link) of evald's uid (or root's): another user
+    who created ``LOGDIR/RUN_NAME`` first (a shared --logdir, a world-writable parent of the checkpoint
+    directory) would otherwise choose where evald's ledger goes, or what it is (docs/security.md)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise RunDirError(f"{what} {path} cannot be examined ({exc.strerror})") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise RunDirError(f"{what} {path} is {'a symbolic link' if stat.S_ISLNK(info.st_mode) else 'not a directory'}"
+                          f", not a directory evald made; remove it, or choose another --logdir or --run-name")
+    if info.st_uid not in (os.getuid(), 0):
+        raise RunDirError(f"{what} {path} is owned by uid {info.st_uid}, not by evald's uid {os.getuid()}: another "
+                          f"user created it first, and evald keeps its ledger only where nobody else decides "
+                          f"what is there; remove it, or choose another --logdir or --run-name")
+
+
+def _warn_if_shared(logdir: Path) -> None:
+    try:
+        info = os.stat(logdir)
+    except OSError:
+        return
+    if info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX:
+        log.warning("the log directory %s may be written by anyone and has no sticky bit: another user could "
+                    "rename evald's run directory away; use a directory others cannot write (or chmod +t)", logdir)
+
+
 def read_identity(run_path: Path) -> dict | None:
     try:
         data = json.loads((Path(run_path) / IDENTITY_FILE).read_text())
@@ -144,12 +172,15 @@ def open_run(ckpt_dir: Path, logdir: Path | None, run_name: str | None) -> RunDi
             raise RunDirError(f"{ckpt_dir} is already served as run {existing.name!r} in {logdir}; start "
                               f"without --run-name, with --run-name {existing.name}, or rename the directory "
                               f"{existing.path} to {logdir / run_name} to rename the run")
+        check_owned(existing.path)
+        _warn_if_shared(logdir)
         return existing
     try:
         logdir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunDirError(f"cannot create the log directory {logdir} ({exc.strerror}); choose one with "
                           f"--logdir") from None
+    _warn_if_shared(logdir)
     try:
         return _claim_a_name(ckpt_dir, logdir, run_name)
     except OSError as exc:
@@ -173,6 +204,8 @@ def _claim_a_name(ckpt_dir: Path, logdir: Path, run_name: str | None) -> RunDir:
 
 def _claim(path: Path, ckpt_dir: Path) -> bool:
     """True when ``path`` is (now) the run directory of ``ckpt_dir``; False if another run has it."""
+    if os.path.lexists(path) and os.path.isdir(path):
+        check_owned(path)  # before reading or writing anything in it
     identity = read_identity(path)
     if identity is not None:
         return identity.get("ckpt_dir") == str(ckpt_dir)

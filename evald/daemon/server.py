@@ -38,7 +38,7 @@ from evald.intake import trust
 from evald.config import ResolvedConfig
 from evald.contracts import outside_paths, safetensors_io
 from evald.contracts.auth import SecurityError
-from evald.contracts.wire import default_socket_dir
+from evald.contracts.wire import SocketDirError, default_socket_dir
 from evald.daemon.turn import SystemicFailure
 from evald.daemon.locks import InUse, Lock, directory_lock_path
 from evald.pipeline.pipeline import Pipeline
@@ -83,7 +83,8 @@ class Server:
         try:
             self.startup()
             self.main_loop()
-        except (InUse, RunDirError, SecurityError, LedgerVersionError, outside_paths.OutsidePathError) as exc:
+        except (InUse, RunDirError, SecurityError, LedgerVersionError, outside_paths.OutsidePathError,
+                SocketDirError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
         except (CannotEvaluate, SystemicFailure) as exc:

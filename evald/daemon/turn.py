@@ -82,7 +82,7 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
             _commit_failure(ledger, ctx, row, FAILED, f"interrupted on each of {row.attempts} attempts (last: "
                             f"{exc or 'a forced shutdown'}); raise tuning.max_attempts or `evald retry {row.step}`")
         else:
-            ledger.requeue(row.step, "interrupted by a shutdown; evaluated again at the next start")
+            ledger.requeue(row.step, "interrupted by a forced shutdown; evaluated again at the next start")
         raise
     depth = len(queued) - 1 - len(choice.skip)
     if isinstance(result, Evaluated):

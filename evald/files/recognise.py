@@ -99,6 +99,8 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
         dir_step = part[0]
     if dir_step is None and not name.endswith(FOREIGN_SUFFIXES):
         return None
+    if not os.path.lexists(path):
+        return None  # before any verdict: a notice of an entry that does not exist leaves no row
     if dir_step is not None and dir_step > MAX_STEP:
         return Rejected(name, None, f"step {dir_step} in the name is out of range (0..2**63-1)")
     if "/" in name and os.path.realpath(path.parent) != os.path.join(os.path.realpath(ckpt_dir), os.path.dirname(name)):
