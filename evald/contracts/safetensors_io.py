@@ -177,6 +177,8 @@ def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise WeightsFileError(f"{path}: not a regular file; a checkpoint holds only regular files")
+        if info.st_nlink > 1:  # no writer of the layout hard-links: another name may be outside the checkpoint
+            raise WeightsFileError(f"{path}: a hard link ({info.st_nlink} names); a checkpoint holds only its own files")
         if info.st_size != nbytes:
             raise WeightsFileError(f"{path}: {info.st_size} bytes on disk but the manifest says {nbytes} "
                                    f"(truncated or overwritten after commit)")
