@@ -158,7 +158,7 @@ class Run:
         return False
 
     def _read_announcement(self) -> bool:
-        announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel)
+        announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel, operator=self.operator)
         if announced is None:
             return False
         try:
