@@ -51,30 +51,29 @@ class SocketDirError(PermissionError):
     """A socket directory or endpoint path evald must not use; the message names it and what to do."""
 
 
-def ensure_private_dir(directory: Path) -> None:
-    """Create ``directory`` 0700 if needed; SocketDirError unless it is a directory of this uid (or
-    root's) that nobody else can write, reached through no link another user owns."""
+def ensure_private_dir(directory: Path, what: str = "socket directory") -> None:
+    """Create ``directory`` 0700 if needed; SocketDirError unless it is a directory of this uid that
+    nobody else can write, reached through no link another user owns."""
     directory = Path(directory)
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         link = os.lstat(directory)
         st = os.stat(directory)
     except FileExistsError:
-        raise SocketDirError(f"socket directory {directory} is not a directory (a file is in the way); remove "
-                             f"it or set EVALD_SOCKET_DIR to a directory") from None
+        raise SocketDirError(f"{what} {directory} is not a directory (a file is in the way); remove it or set "
+                             f"EVALD_SOCKET_DIR to a directory") from None
     except OSError as exc:
-        raise SocketDirError(f"socket directory {directory} cannot be used ({exc.strerror or exc}); set "
-                             f"EVALD_SOCKET_DIR to a private directory") from None
-    mine = (os.getuid(), 0)
-    if os.path.islink(directory) and link.st_uid not in mine:  # its owner can point it anywhere, any time
-        raise SocketDirError(f"socket directory {directory} is a symbolic link owned by uid {link.st_uid}, not by "
-                             f"uid {os.getuid()}; remove it or set EVALD_SOCKET_DIR")
+        raise SocketDirError(f"{what} {directory} cannot be used ({exc.strerror or exc}); set EVALD_SOCKET_DIR "
+                             f"to a private directory") from None
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (os.getuid(), 0):  # its owner can re-point it any time
+        raise SocketDirError(f"{what} {directory} is a symbolic link owned by uid {link.st_uid}, not by uid "
+                             f"{os.getuid()}; remove it or set EVALD_SOCKET_DIR")
     if not stat.S_ISDIR(st.st_mode):
-        raise SocketDirError(f"socket directory {directory} is not a directory; remove it or set EVALD_SOCKET_DIR "
-                             f"to a directory")
-    if st.st_uid not in mine or st.st_mode & 0o022:
-        raise SocketDirError(f"socket directory {directory} is not private to uid {os.getuid()} (owner uid "
-                             f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}); remove it or set EVALD_SOCKET_DIR")
+        raise SocketDirError(f"{what} {directory} is not a directory; remove it or set EVALD_SOCKET_DIR to a "
+                             f"directory")
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise SocketDirError(f"{what} {directory} is not private to uid {os.getuid()} (owner uid {st.st_uid}, "
+                             f"mode {oct(st.st_mode & 0o777)}); remove it or set EVALD_SOCKET_DIR")
 
 
 def ensure_socket_dir(endpoint: str) -> None:

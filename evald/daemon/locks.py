@@ -29,7 +29,8 @@ class InUse(RuntimeError):
 class Lock:
     def __init__(self, path: Path, what: str, how_to_choose: str) -> None:
         self.path = Path(path)
-        ensure_private_dir(self.path.parent)  # not through another user's link, not in a directory others write
+        # Not through another user's link, not in a directory others may write (the socket or run directory).
+        ensure_private_dir(self.path.parent, "the directory of the lock file")
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as exc:

@@ -55,3 +55,33 @@ def test_a_read_stopped_by_a_signal_interrupts_the_evaluation_instead_of_failing
     pipeline.evaluator = Stopped()
     with pytest.raises(EvaluationInterrupted):
         pipeline.evaluate(Path("/nonexistent"), Row())
+
+
+class _Killed(BaseException):
+    """Stands in for SIGKILL: nothing after it runs (no handler, no ledger write)."""
+
+
+def test_a_step_being_read_when_evald_is_killed_counts_an_attempt_and_fails_after_max_attempts(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    ledger.admit(name="step_000000005", step=5, kind="evald", found_via="rescan", run_id="r",
+                 commit_time=1.0, skip_reason=None)
+    ledger.close()
+    seen = []
+
+    class KilledWhileReading:
+        def evaluate(self, ckpt_dir, row):
+            seen.append(ledger.step(5))   # what the ledger holds while the weights are read
+            raise _Killed()
+
+    for kill in range(1, 4):              # each turn is one evald process, killed during the read
+        ledger = Ledger(path)
+        ledger.recover_interrupted(max_attempts=3)
+        with pytest.raises(_Killed):
+            turn.evaluate_next(ledger, KilledWhileReading(), None, _context(tmp_path, 3), turn.Counters())
+        ledger._db.close()                # no clean shutdown
+        assert seen[-1].state == "evaluating" and seen[-1].attempts == kill  # counted before the read
+    ledger = Ledger(path)
+    ledger.recover_interrupted(max_attempts=3)
+    assert ledger.step(5).state == FAILED and "interrupted 3 times" in ledger.step(5).reason
+    ledger.close()
