@@ -119,3 +119,11 @@ def test_an_operators_path_that_loops_is_a_clear_error_with_exit_2(tmp_path, cap
     with caplog.at_level(logging.ERROR):
         assert server.serve() == 2
     assert "loop of symbolic links" in caplog.text and "Traceback" not in caplog.text
+
+
+def test_an_app_dir_that_loops_is_a_configuration_error_naming_it(tmp_path):
+    from evald.config.schema import ConfigError
+
+    loop = loop_in(tmp_path)
+    with pytest.raises(ConfigError, match="loop of symbolic links"):
+        parse_config(["--app-dir", str(loop)], environ={})
