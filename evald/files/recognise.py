@@ -117,7 +117,7 @@ def _link(ckpt_dir: Path, path: Path, step: int | None, name: str) -> Rejected:
     target = Path(os.path.realpath(path))
     if target.parent != Path(os.path.realpath(ckpt_dir)):  # named as the link says: nothing of the target leaks
         return Rejected(name, step, f"a link to {_link_text(path)}, outside the checkpoint directory: not read")
-    return Rejected(name, step, f"a link to {target.name}, which is read under its own name", duplicate=True)
+    return Rejected(name, step, f"a link to {target.name!r}, which is read under its own name", duplicate=True)
 
 
 def _evald(path: Path, dir_step: int, part: tuple[int, int, int] | None = None) -> Found | Rejected | None:

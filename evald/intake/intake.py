@@ -14,6 +14,7 @@ reports) and at every rescan.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -169,6 +170,8 @@ class Intake:
         return dict(self._unreadable)
 
     def _reject(self, verdict: Rejected) -> None:
+        # A reason may quote another entry's name, which may not be valid UTF-8: sqlite could not store it.
+        verdict = dataclasses.replace(verdict, reason=_ledger_key(verdict.reason))
         status = DUPLICATE if verdict.duplicate else REJECTED
         fail_step = not verdict.duplicate
         self.ledger.note_file(verdict.name, verdict.step, status, verdict.reason, fail_step=fail_step)

@@ -68,3 +68,16 @@ def test_an_out_of_range_step_that_exists_is_rejected_once(intake):
     assert intake.found(name, "rescan")
     assert [(n, s, st) for n, s, st, _ in intake.ledger.files()] == [(name, None, "rejected")]
     assert intake.ledger.step_numbers() == []
+
+
+def test_a_link_to_an_entry_whose_name_is_not_utf8_is_recorded_not_raised(intake):
+    """Found by the generated-tree property test: the duplicate's reason quoted the target's name,
+    which sqlite could not store (UnicodeEncodeError out of the intake)."""
+    import os
+
+    odd = os.fsdecode(b"step_00000001\xff")
+    faults.commit(intake.ckpt_dir, 1).rename(intake.ckpt_dir / odd)
+    os.symlink(odd, intake.ckpt_dir / "step_000000005")
+    for name in sorted(os.listdir(intake.ckpt_dir)):
+        intake.found(name, "rescan")
+    assert len(intake.ledger.files()) == 2
