@@ -287,5 +287,5 @@ class SnapshotWriter:
             return layout.list_committed(self.ckpt_dir)
         mine = (self.partition.part.index, self.partition.part.count)
         found = [(parse_part_dir_name(e.name), Path(e.path)) for e in os.scandir(self.ckpt_dir)
-                 if PART_DIR_PATTERN.match(e.name) and (Path(e.path) / layout.MANIFEST_FILE).exists()]
+                 if PART_DIR_PATTERN.fullmatch(e.name) and (Path(e.path) / layout.MANIFEST_FILE).exists()]
         return sorted((info[0], path) for info, path in found if info and info[1:] == mine)

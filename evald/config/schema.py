@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import MISSING, Field, field, fields, is_dataclass
 from typing import Any, Callable
 
 from evald.config.values import DEVICE_TARGETS, DeviceSpec, MinDelta
+from evald.contracts.wire import MAX_IPC_PATH_BYTES
 
-_FACTORY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_FACTORY = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", re.ASCII)  # fullmatch
+
+
+# Every number an option takes is bounded: one declared without a bound gets these, named in the error
+# (``patience = 2**63`` was accepted). 10**9 evaluations, steps or seconds is beyond any real run.
+NUMBER_BOUND = 10**9
+FLOAT_BOUND = 1e15
 
 
 class ConfigError(ValueError):
@@ -88,11 +96,19 @@ def _number(f: Field, value: Any, source: str, key: str, integer: bool) -> float
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(source, key, f"expected a finite number, got {value!r}")
     low, high = f.metadata["min"], f.metadata["max"]
-    if low is not None and (value < low or (f.metadata["min_exclusive"] and value == low)):
+    default_low, default_high = -NUMBER_BOUND if integer else -FLOAT_BOUND, NUMBER_BOUND if integer else FLOAT_BOUND
+    why = ""
+    if low is None:
+        low, why = default_low, " (evald's bound for any number it takes)"
+    if high is None:
+        high, why = default_high, " (evald's bound for any number it takes)"
+    shown = (lambda x: str(int(x))) if integer else (lambda x: f"{x:g}")
+    if value < low or (f.metadata["min_exclusive"] and value == low):
         relation = ">" if f.metadata["min_exclusive"] else ">="
-        raise ConfigError(source, key, f"must be {relation} {low:g}, got {value!r}")
-    if high is not None and value > high:
-        raise ConfigError(source, key, f"must be <= {high:g}, got {value!r}")
+        raise ConfigError(source, key, f"must be {relation} {shown(low)}{why if low == default_low else ''}, "
+                                       f"got {value!r}")
+    if value > high:
+        raise ConfigError(source, key, f"must be <= {shown(high)}{why if high == default_high else ''}, got {value!r}")
     return value if integer else float(value)
 
 
@@ -130,7 +146,7 @@ def _choice(f, value, source, key):
 
 
 def _factory(f, value, source, key):
-    if not isinstance(value, str) or not _FACTORY.match(value):
+    if not isinstance(value, str) or not _FACTORY.fullmatch(value):
         raise ConfigError(source, key, f"expected 'package.module:function', got {value!r}")
     return value
 
@@ -182,7 +198,7 @@ def _plugins(f, value, source, key):
             spec = {"target": spec}
         if not isinstance(spec, dict) or set(spec) - {"target", "kwargs", "name"}:
             raise ConfigError(source, where, f"expected 'module:Class' or {{target, kwargs, name}}, got {spec!r}")
-        if not isinstance(spec.get("target"), str) or not _FACTORY.match(spec["target"]):
+        if not isinstance(spec.get("target"), str) or not _FACTORY.fullmatch(spec["target"]):
             raise ConfigError(source, where, f"target must be 'package.module:Class', got {spec.get('target')!r}")
         if not isinstance(spec.get("kwargs", {}), dict):
             raise ConfigError(source, where, "kwargs must be a table")
@@ -225,9 +241,10 @@ def _delta(f, value, source, key):
     raw = text[:-2].strip() if in_se else value
     try:
         number = _number(f, raw, source, key, integer=False)
-    except ConfigError:
-        raise ConfigError(source, key, f"expected a number >= 0 (an absolute change, e.g. 0.01) or a number of "
-                                       f"standard errors (e.g. 2se), got {value!r}") from None
+    except ConfigError as exc:
+        bound = f"{exc.problem}; " if exc.problem.startswith("must be") else ""  # out of range: say the limit
+        raise ConfigError(source, key, f"{bound}expected a number >= 0 (an absolute change, e.g. 0.01) or a number "
+                                       f"of standard errors (e.g. 2se), got {value!r}") from None
     return MinDelta(number, "se" if in_se else "abs")
 
 
@@ -245,7 +262,7 @@ def _modules(f, value, source, key):
     if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
         raise ConfigError(source, key, f"expected module prefixes such as 'mypkg.,examples.', got {value!r}")
     prefixes = tuple(i.strip() for i in items if i.strip())
-    bad = [p for p in prefixes if not re.match(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\.?$", p)]
+    bad = [p for p in prefixes if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*\.?", p, re.ASCII)]
     if bad or not prefixes:
         raise ConfigError(source, key, f"{bad or value!r}: expected dotted module names such as mypkg. or examples")
     return prefixes
@@ -253,14 +270,17 @@ def _modules(f, value, source, key):
 
 def _endpoint(f, value, source, key):
     text = _str(f, value, source, key)
-    if not re.match(r"^(ipc://.+|tcp://[^\s/]+:\d{1,5}|none)$", text):
+    if not re.fullmatch(r"ipc://[^\x00-\x1f]+|tcp://[^\s/]+:[0-9]{1,5}|none", text):
         raise ConfigError(source, key, f"expected ipc://PATH, tcp://HOST:PORT or none, got {text!r}")
+    if text.startswith("ipc://") and len(os.fsencode(text[len("ipc://"):])) > MAX_IPC_PATH_BYTES:
+        raise ConfigError(source, key, f"the ipc path is {len(os.fsencode(text[len('ipc://'):]))} bytes, over "
+                                       f"the {MAX_IPC_PATH_BYTES}-byte limit of a unix socket address")
     return text
 
 
 def _name(f, value, source, key):
     text = _str(f, value, source, key)
-    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}$", text):
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}", text):
         raise ConfigError(source, key, f"expected a name of letters, digits and . _ + = @ , - (a directory "
                                        f"name, up to 128 characters, not starting with a dot), got {text!r}")
     return text

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from evald.config.options import option_fields
 from evald.config.schema import ConfigError, flag_of
+from evald.contracts.outside_paths import OutsidePathError, resolve
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,11 @@ def _merged_tables(texts: list[str], flag: str) -> dict:
 
 
 def app_dir_exists(path: str, source: str, key: str = "app_dir") -> None:
-    if not Path(path).is_dir():
+    try:  # a path from outside (option, environment, RUN.json's search_path): resolved the one safe way
+        resolved = resolve(path, f"{source} {key}")
+    except OutsidePathError as exc:
+        raise ConfigError(source, key, str(exc)) from None
+    if not resolved.is_dir():
         raise ConfigError(source, key, f"{path} is not a directory")
 
 

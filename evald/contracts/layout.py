@@ -25,7 +25,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,8 +40,8 @@ from evald.contracts.manifest import (  # noqa: F401  (public names of the layou
 RUN_FILE = "RUN.json"
 RUN_END_FILE = "RUN_END.json"
 EVALD_SUBDIR = "evald"
-STEP_DIR_PATTERN = re.compile(r"^step_(\d{9,})$")
-TEMP_DIR_PATTERN = re.compile(r"^\.step_(\d+)(?:-part-\d+-of-\d+)?\.tmp-[0-9a-f]+$")  # a whole snapshot or a part
+STEP_DIR_PATTERN = re.compile(r"step_([0-9]{9,})")  # fullmatch: ASCII digits, no "\n"
+TEMP_DIR_PATTERN = re.compile(r"\.step_([0-9]+)(?:-part-[0-9]+-of-[0-9]+)?\.tmp-[0-9a-f]+")  # a whole snapshot or a part
 # A snapshot larger than this is split into files of about this size (whole parameters each),
 # written, hashed and later read in parallel threads. See docs/performance.md for the choice.
 SHARD_BYTES = 128 << 20
@@ -56,7 +56,7 @@ def step_dir_name(step: int) -> str:
 
 def parse_step_dir_name(name: str) -> int | None:
     """The step of a committed checkpoint directory name, or None for any other name."""
-    match = STEP_DIR_PATTERN.match(name)
+    match = STEP_DIR_PATTERN.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
@@ -205,6 +205,7 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
     jobs = []
     for spec in manifest.files:
         params = [p for p in manifest.params if p.file == spec.name]
+        _check_accounted(step_dir / spec.name, spec.bytes, params)
         expected = [sio.Segment(p.name, p.dtype, p.shape, p.offset) for p in params]
         jobs.append({"path": step_dir / spec.name, "nbytes": spec.bytes, "digest": spec.digest,
                      "algorithm": manifest.hash_algorithm, "expected": expected,
@@ -218,6 +219,26 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
         raise LayoutError(f"{step_dir}: the weights files hold other tensors (names, dtypes or shapes) "
                           f"than {MANIFEST_FILE} lists")
     return {p.name: arrays[p.name] for p in manifest.params}
+
+
+def header_bound(names: Sequence[str]) -> int:
+    """The most bytes a safetensors file of tensors ``names`` needs beyond their data: the length
+    prefix, JSON of at most 6 bytes a character (``\\uXXXX``) per name plus each entry's dtype, shape and
+    offsets, a metadata entry and 8-byte padding."""
+    return 8 + 4096 + sum(6 * len(name) + 256 for name in names) + 7
+
+
+def _check_accounted(path: Path, nbytes: int, params: Sequence[ParamSpec]) -> None:
+    """Refuse, before a byte is read, a file the manifest's tensors do not account for: its size is
+    their data plus at most a header (header_bound). The tensors must fit the network (checked from
+    the manifest before this), so a checkpoint never costs more reading than the network holds; a
+    sparse 1 TiB file with a tiny header is refused here at once."""
+    data = sum(sio.Segment(p.name, p.dtype, p.shape, p.offset or 0).nbytes for p in params)
+    bound = header_bound([p.name for p in params])
+    if not 0 <= nbytes - data <= bound:
+        raise LayoutError(f"{path}: the manifest says {nbytes} bytes but its tensors account for {data} bytes "
+                          f"and a header for at most {bound}; a sparse or padded file (or a lying manifest) "
+                          f"is not read")
 
 
 def list_committed(ckpt_dir: Path) -> list[tuple[int, Path]]:
@@ -247,7 +268,7 @@ def remove_orphaned_temps(ckpt_dir: Path, older_than_s: float = 0.0) -> list[Pat
     except FileNotFoundError:
         return []
     for entry in entries:
-        if not TEMP_DIR_PATTERN.match(entry.name):
+        if not TEMP_DIR_PATTERN.fullmatch(entry.name):
             continue
         try:
             changed = max([entry.stat().st_mtime] + [e.stat().st_mtime for e in os.scandir(entry.path)])

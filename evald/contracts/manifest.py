@@ -33,7 +33,7 @@ HASH_ALGORITHM = integrity.DEFAULT          # what a writer uses unless told; wh
 HASH_VERSION = integrity.WRITTEN_VERSION    # 1: one digest per file, of all its bytes in order
 # Keys of a part of a partitioned snapshot (evald.contracts.partition): only version 3 has them.
 PARTITION_KEYS = ("parts",), ("slice", "global_shape"), ("rank",)
-_SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+_SAFE_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")  # fullmatch
 
 
 class LayoutError(ValueError):
@@ -169,7 +169,7 @@ def _check(manifest: Manifest, source: str) -> None:
     digest_len = integrity.CHECKS[(manifest.hash_algorithm, manifest.hash_version)].hex_digits  # from_json checked it
     sizes = {}
     for f in manifest.files:
-        if not _SAFE_FILE_NAME.match(f.name) or f.name == MANIFEST_FILE:
+        if not _SAFE_FILE_NAME.fullmatch(f.name) or f.name == MANIFEST_FILE:
             problems.append(f"file name {f.name!r} is not a plain weights file name")
         if f.name in sizes:
             problems.append(f"file {f.name!r} is listed twice")

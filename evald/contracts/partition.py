@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 PARTS_LAYOUT_VERSION = 3
-PART_DIR_PATTERN = re.compile(r"^step_(\d{9,})-part-(\d{5,})-of-(\d{5,})$")
-_GROUP_PATTERN = re.compile(r"^step_(\d{9,})-part-\*-of-(\d{5,})$")
+PART_DIR_PATTERN = re.compile(r"step_([0-9]{9,})-part-([0-9]{5,})-of-([0-9]{5,})")  # fullmatch only
+_GROUP_PATTERN = re.compile(r"step_([0-9]{9,})-part-\*-of-([0-9]{5,})")
 MAX_PARTS = 1 << 16
 
 Region = tuple[tuple[int, int], ...]
@@ -51,7 +51,7 @@ def part_dir_name(step: int, index: int, count: int) -> str:
 
 def parse_part_dir_name(name: str) -> tuple[int, int, int] | None:
     """(step, index, count) of a part directory name, or None for any other name."""
-    match = PART_DIR_PATTERN.match(name)
+    match = PART_DIR_PATTERN.fullmatch(name)
     if not match:
         return None
     step, index, count = (int(g) for g in match.groups())
@@ -64,7 +64,7 @@ def group_name(step: int, count: int) -> str:
 
 
 def parse_group_name(name: str) -> tuple[int, int] | None:
-    match = _GROUP_PATTERN.match(name)
+    match = _GROUP_PATTERN.fullmatch(name)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 

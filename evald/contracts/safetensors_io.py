@@ -48,6 +48,25 @@ class Abandoned(WeightsFileError):
     """Stopped because another file of the same checkpoint failed (that failure is the news)."""
 
 
+class Unaccounted(WeightsFileError):
+    """The header's tensors do not cover the whole file: bytes no tensor owns are never read or hashed."""
+
+
+class ReadInterrupted(Exception):
+    """A read stopped between chunks because the process was told to stop (a signal): not a verdict
+    on the file, so deliberately not a WeightsFileError."""
+
+
+_stop_reading: Callable[[], bool] | None = None
+
+
+def stop_reading_when(check: Callable[[], bool] | None) -> None:
+    """``check`` (the daemon's signal flag) is asked between chunks of every read; True stops it with
+    ReadInterrupted, so a signal is answered within a chunk, whatever the file's size. None: never."""
+    global _stop_reading
+    _stop_reading = check
+
+
 @dataclass(frozen=True)
 class Segment:
     """One tensor inside a file: where its bytes are (absolute offset) and what they are."""
@@ -160,6 +179,8 @@ def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise WeightsFileError(f"{path}: not a regular file; a checkpoint holds only regular files")
+        if info.st_nlink > 1:  # no writer of the layout hard-links: another name may be outside the checkpoint
+            raise WeightsFileError(f"{path}: a hard link ({info.st_nlink} names); a checkpoint holds only its own files")
         if info.st_size != nbytes:
             raise WeightsFileError(f"{path}: {info.st_size} bytes on disk but the manifest says {nbytes} "
                                    f"(truncated or overwritten after commit)")
@@ -169,6 +190,8 @@ def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
             if expected is not None and sorted(segments, key=_key) != sorted(expected, key=_key):
                 raise WeightsFileError(f"{path}: its safetensors header does not list the tensors, dtypes, "
                                        f"shapes and offsets the manifest does (written by another tool?)")
+        except Unaccounted:
+            raise  # a sparse or padded file: the bytes no tensor owns are not worth a read
         except WeightsFileError as exc:
             # Corruption or a lying manifest? Hash the rest (bounded by nbytes) to tell which.
             _hash_rest(fd, path, nbytes, hasher, stop)
@@ -235,7 +258,8 @@ def _read_header(fd: int, path: Path, nbytes: int, hasher) -> list[Segment]:
                                    f"say, or leaves a hole or an overlap; not a valid safetensors file")
         at += seg.nbytes
     if at != nbytes:
-        raise WeightsFileError(f"{path}: the header's tensors cover {at} bytes of the file's {nbytes}")
+        raise Unaccounted(f"{path}: the header's tensors cover {at} bytes of the file's {nbytes}; the header "
+                          f"must account for the whole file (a sparse or padded file?), so the rest is not read")
     return segments
 
 
@@ -253,6 +277,8 @@ def _check_destination(path: Path, seg: Segment, dest) -> None:
 
 def _read_hashed(fd: int, path: Path, dest: memoryview, hasher, stop: threading.Event | None) -> None:
     for pos in range(0, len(dest), CHUNK_BYTES):
+        if _stop_reading is not None and _stop_reading():
+            raise ReadInterrupted(f"{path}: read stopped at byte {pos} of {len(dest)}: evald was told to stop")
         if stop is not None and stop.is_set():
             raise Abandoned(f"{path}: read abandoned: another file of this checkpoint failed")
         chunk = dest[pos:pos + CHUNK_BYTES]

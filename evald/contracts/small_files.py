@@ -33,11 +33,17 @@ def kind_of(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
+def hard_link_text(info: os.stat_result) -> str:
+    """Why a regular file with several links is refused (no producer hard-links a checkpoint's files)."""
+    return (f"is a hard link ({info.st_nlink} names for one file, maybe one outside the checkpoint directory); "
+            f"neither MindSpore nor evald's writer hard-links, so it is not read: copy it instead")
+
+
 def read_regular(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
     """The bytes of ``path`` and the ``stat`` of the file they came from.
 
     FileNotFoundError when absent (callers decide what absence means); UnsafeFile for a
-    link, anything but a regular file, or more than ``limit`` bytes; other OSErrors pass.
+    link (symbolic or hard), anything but a regular file, or more than ``limit`` bytes; other OSErrors pass.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -50,6 +56,8 @@ def read_regular(path: Path, limit: int) -> tuple[bytes, os.stat_result]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UnsafeFile(f"{path} is {kind_of(info.st_mode)}, not a regular file")
+        if info.st_nlink > 1:
+            raise UnsafeFile(f"{path} {hard_link_text(info)}")
         if info.st_size > limit:
             raise UnsafeFile(f"{path} is {info.st_size} bytes, more than the {limit} this file may have")
         chunks, total = [], 0

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import stat
 import time
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -42,18 +44,76 @@ def default_socket_dir() -> Path:
     return Path(os.environ.get("EVALD_SOCKET_DIR", f"/tmp/evald-{os.getuid()}"))
 
 
+MAX_IPC_PATH_BYTES = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux: a longer ipc path cannot be bound
+
+
+class SocketDirError(PermissionError):
+    """A socket directory or endpoint path evald must not use; the message names it and what to do."""
+
+
+def ensure_private_dir(directory: Path, what: str = "socket directory") -> None:
+    """Create ``directory`` 0700 if needed; SocketDirError unless it is a directory of this uid that
+    nobody else can write, reached through no link another user owns."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        link = os.lstat(directory)
+        st = os.stat(directory)
+    except FileExistsError:
+        raise SocketDirError(f"{what} {directory} is not a directory (a file is in the way); remove it or set "
+                             f"EVALD_SOCKET_DIR to a directory") from None
+    except OSError as exc:
+        raise SocketDirError(f"{what} {directory} cannot be used ({exc.strerror or exc}); set EVALD_SOCKET_DIR "
+                             f"to a private directory") from None
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (os.getuid(), 0):  # its owner can re-point it any time
+        raise SocketDirError(f"{what} {directory} is a symbolic link owned by uid {link.st_uid}, not by uid "
+                             f"{os.getuid()}; remove it or set EVALD_SOCKET_DIR")
+    if not stat.S_ISDIR(st.st_mode):
+        raise SocketDirError(f"{what} {directory} is not a directory; remove it or set EVALD_SOCKET_DIR to a "
+                             f"directory")
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise SocketDirError(f"{what} {directory} is not private to uid {os.getuid()} (owner uid {st.st_uid}, "
+                             f"mode {oct(st.st_mode & 0o777)}); remove it or set EVALD_SOCKET_DIR")
+
+
 def ensure_socket_dir(endpoint: str) -> None:
-    """Create the private directory of an ipc endpoint; refuse one others can write."""
+    """Create the private directory of an ipc endpoint; refuse one others can write or link, and a
+    path too long for a unix socket address."""
     if not endpoint.startswith("ipc://"):
         return
-    directory = Path(endpoint[len("ipc://"):]).parent
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = directory.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise PermissionError(
-            f"socket directory {directory} is not private to uid {os.getuid()} "
-            f"(mode {oct(st.st_mode & 0o777)}); remove it or set EVALD_SOCKET_DIR"
-        )
+    path = endpoint[len("ipc://"):]
+    if len(os.fsencode(path)) > MAX_IPC_PATH_BYTES:
+        raise SocketDirError(f"ipc endpoint {endpoint}: its path is {len(os.fsencode(path))} bytes, over the "
+                             f"{MAX_IPC_PATH_BYTES}-byte limit of a unix socket address; use a shorter "
+                             f"EVALD_SOCKET_DIR or endpoint")
+    ensure_private_dir(Path(path).parent)
+
+
+def ensure_bindable(endpoint: str) -> None:
+    """Before evald binds ``endpoint``: its directory is private, and nothing is at its path but a
+    stale socket (ZeroMQ's ipc bind unlinks whatever is there, another program's listening socket too)."""
+    ensure_socket_dir(endpoint)
+    if not endpoint.startswith("ipc://"):
+        return
+    path = endpoint[len("ipc://"):]
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(info.st_mode):
+        raise SocketDirError(f"ipc endpoint {endpoint}: {path} exists and is not a socket; remove it or choose "
+                             f"another endpoint")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except OSError:
+        return  # nobody listens: a socket file left by a process that died (evald's own after a kill)
+    finally:
+        probe.close()
+    raise SocketDirError(f"ipc endpoint {endpoint}: another program is listening on {path}; evald leaves it "
+                         f"alone: stop it, or choose another endpoint (--endpoint, --control-endpoint or "
+                         f"EVALD_SOCKET_DIR)")
 
 
 def default_endpoint() -> str:

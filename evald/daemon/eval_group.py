@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from evald.contracts.outside_paths import OutsidePathError, resolve
+from evald.daemon.run_dir import RunDirError
 from evald.config import ResolvedConfig
 from evald.config.schema import parse_cpus
 
@@ -106,7 +108,11 @@ def launch(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
 
     logs.configure(resolved.config.log_level, resolved.config.log_format)
     config = resolved.config
-    log_dir = log_dir_of(resolved).resolve()
+    try:
+        log_dir = resolve(log_dir_of(resolved), "the eval group's log directory (group.log_dir)")
+    except (OutsidePathError, RunDirError) as exc:  # a link loop, a path too long: a clear error, exit 2
+        logging.getLogger("evald").error("%s", exc)
+        return 2
     log_dir.mkdir(parents=True, exist_ok=True)
     exit_file = log_dir / "rank0.exit"
     exit_file.unlink(missing_ok=True)

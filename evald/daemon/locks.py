@@ -18,6 +18,9 @@ import sys
 import time
 from pathlib import Path
 
+from evald.contracts.outside_paths import resolve
+from evald.contracts.wire import SocketDirError, ensure_private_dir
+
 
 class InUse(RuntimeError):
     """Another evald holds the lock; the message names it."""
@@ -26,8 +29,13 @@ class InUse(RuntimeError):
 class Lock:
     def __init__(self, path: Path, what: str, how_to_choose: str) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        # Not through another user's link, not in a directory others may write (the socket or run directory).
+        ensure_private_dir(self.path.parent, "the directory of the lock file")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError as exc:
+            raise SocketDirError(f"lock file {self.path} cannot be opened ({exc.strerror}): a link or not a "
+                                 f"regular file? remove it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -63,5 +71,5 @@ def endpoint_lock_path(endpoint: str, socket_dir: Path) -> Path:
 
 def directory_lock_path(ckpt_dir: Path, socket_dir: Path) -> Path:
     """One lock per checkpoint directory per host and user, whatever log directory evald uses."""
-    digest = hashlib.sha256(str(Path(ckpt_dir).resolve()).encode()).hexdigest()[:20]
+    digest = hashlib.sha256(str(resolve(ckpt_dir, "the checkpoint directory")).encode()).hexdigest()[:20]
     return socket_dir / f"serving-{digest}.lock"

@@ -19,6 +19,8 @@ import os
 import stat
 from pathlib import Path
 
+from evald.daemon.run_dir import RunDirError
+
 log = logging.getLogger("evald")
 
 STATE_MODES = ("private", "group")
@@ -42,11 +44,28 @@ def prepare_state_dir(run_dir: Path, state_mode: str) -> None:
             info = os.lstat(directory)
         except FileNotFoundError:
             continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & ~dir_mode:
+        _refuse_unless_ours(directory, info, stat.S_ISDIR, "a directory")
+        if stat.S_IMODE(info.st_mode) & ~dir_mode:
             os.chmod(directory, stat.S_IMODE(info.st_mode) & dir_mode)
         for entry in os.scandir(directory):
             if any(fnmatch.fnmatch(entry.name, pattern) for pattern in STATE_FILES):
+                _refuse_unless_ours(Path(entry.path), os.lstat(entry.path), stat.S_ISREG, "a regular file")
                 _tighten(Path(entry.path), file_mode)
+
+
+def _refuse_unless_ours(path: Path, info: os.stat_result, kind, what: str) -> None:
+    """RunDirError unless ``path`` is ``what`` (not a link) of evald's uid (or root's). Checked on every
+    state file before evald opens one: in a directory nobody else can write (checked too) nothing can
+    be swapped in afterwards, so sqlite and the TensorBoard writer never follow a planted link."""
+    if stat.S_ISLNK(info.st_mode):
+        raise RunDirError(f"{path} is a symbolic link; evald's state files are never links (another user's "
+                          f"plant, or a copy made by hand?): remove it, or choose another --logdir or --run-name")
+    if not kind(info.st_mode):
+        raise RunDirError(f"{path} is not {what}; remove it, or choose another --logdir or --run-name")
+    if info.st_uid not in (os.getuid(), 0):
+        raise RunDirError(f"{path} is owned by uid {info.st_uid}, not by evald's uid {os.getuid()}: evald "
+                          f"does not use state another user controls; remove it, or choose another --logdir "
+                          f"or --run-name")
 
 
 def _tighten(path: Path, file_mode: int) -> None:

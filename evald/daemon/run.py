@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evald.config import ConfigError, ResolvedConfig, with_announcement
-from evald.contracts import layout
+from evald.contracts import layout, outside_paths
 from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
 from evald.daemon import suite_turn, turn as evaluation
 from evald.daemon.run_dir import LEDGER_FILE
@@ -130,8 +130,14 @@ class Run:
 
     def _message(self, message: Message, origin: trust.Source) -> bool:
         ckpt_dir = getattr(message, "ckpt_dir", None)
-        if ckpt_dir is not None and Path(ckpt_dir).resolve() != self.ckpt_dir:
-            return self._ignore(message, f"it is for {ckpt_dir}, and this evald serves {self.ckpt_dir}")
+        if ckpt_dir is not None:
+            try:
+                named = outside_paths.resolve(ckpt_dir, f"the ckpt_dir of a {message.TYPE} message")
+            except outside_paths.OutsidePathError as exc:
+                return self._ignore(message, str(exc))
+            if named != self.ckpt_dir:
+                return self._ignore(message, f"it is for {outside_paths.shown(ckpt_dir)}, and this evald serves "
+                                             f"{self.ckpt_dir}")
         if message.run_id != self.run_id:
             if self._run_file_changed():  # a new run announces itself in RUN.json before any message
                 self._read_announcement()
@@ -161,7 +167,7 @@ class Run:
         return False
 
     def _read_announcement(self) -> bool:
-        announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel)
+        announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel, operator=self.operator)
         if announced is None:
             return False
         try:

@@ -25,10 +25,12 @@ import logging
 import os
 import re
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from evald.contracts.outside_paths import OutsidePathError, resolve
 from evald.files import mindformers as mindformers_layout
 
 IDENTITY_FILE = "evald-run.json"
@@ -76,17 +78,52 @@ class RunDir:
 def default_logdir(ckpt_dir: Path) -> Path:
     """Beside the checkpoint directory, never inside it: ``CKPT_DIR/../tensorboard`` (beside a
     MindFormers output directory for ``OUTPUT/checkpoint_network/rank_0``: not in its tree)."""
-    return mindformers_layout.output_dir_of(Path(ckpt_dir).resolve()).parent / DEFAULT_LOGDIR_NAME
+    return mindformers_layout.output_dir_of(_resolved(ckpt_dir, "the checkpoint directory")).parent / DEFAULT_LOGDIR_NAME
 
 
 def default_run_name(ckpt_dir: Path) -> str:
     """The checkpoint directory's name, or its parent's when the name is generic (runs/exp1/ckpt: exp1)."""
-    path = mindformers_layout.output_dir_of(Path(ckpt_dir).resolve())
+    path = mindformers_layout.output_dir_of(_resolved(ckpt_dir, "the checkpoint directory"))
     name = path.name
     if name.lower() in GENERIC_NAMES and path.parent.name:
         name = path.parent.name
     name = re.sub(r"[^A-Za-z0-9._+=@,-]", "_", name).lstrip("._-+=@,")[:128]
     return name or "run"
+
+
+def _resolved(path: Path | str, what: str) -> Path:
+    """``path`` resolved safely (evald.contracts.outside_paths); RunDirError, exit 2, when it cannot be."""
+    try:
+        return resolve(path, what)
+    except OutsidePathError as exc:
+        raise RunDirError(f"{exc}; give another one") from None
+
+
+def check_owned(path: Path, what: str = "run directory") -> None:
+    """RunDirError unless ``path`` is a real directory (no link) of evald's uid (or root's): another user
+    who created ``LOGDIR/RUN_NAME`` first (a shared --logdir, a world-writable parent of the checkpoint
+    directory) would otherwise choose where evald's ledger goes, or what it is (docs/security.md)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        raise RunDirError(f"{what} {path} cannot be examined ({exc.strerror})") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise RunDirError(f"{what} {path} is {'a symbolic link' if stat.S_ISLNK(info.st_mode) else 'not a directory'}"
+                          f", not a directory evald made; remove it, or choose another --logdir or --run-name")
+    if info.st_uid not in (os.getuid(), 0):
+        raise RunDirError(f"{what} {path} is owned by uid {info.st_uid}, not by evald's uid {os.getuid()}: another "
+                          f"user created it first, and evald keeps its ledger only where nobody else decides "
+                          f"what is there; remove it, or choose another --logdir or --run-name")
+
+
+def _warn_if_shared(logdir: Path) -> None:
+    try:
+        info = os.stat(logdir)
+    except OSError:
+        return
+    if info.st_mode & 0o002 and not info.st_mode & stat.S_ISVTX:
+        log.warning("the log directory %s may be written by anyone and has no sticky bit: another user could "
+                    "rename evald's run directory away; use a directory others cannot write (or chmod +t)", logdir)
 
 
 def read_identity(run_path: Path) -> dict | None:
@@ -113,7 +150,7 @@ def runs_in(logdir: Path) -> list[RunDir]:
 
 def find_run(ckpt_dir: Path, logdir: Path) -> RunDir | None:
     """The run of ``logdir`` that serves ``ckpt_dir``, if any (read-only)."""
-    ckpt_dir = Path(ckpt_dir).resolve()
+    ckpt_dir = _resolved(ckpt_dir, "the checkpoint directory")
     return next((run for run in runs_in(logdir) if run.ckpt_dir == ckpt_dir), None)
 
 
@@ -123,8 +160,8 @@ def open_run(ckpt_dir: Path, logdir: Path | None, run_name: str | None) -> RunDi
     Raises RunDirError when ``run_name`` belongs to another checkpoint directory, or
     when this checkpoint directory is already served under another name.
     """
-    ckpt_dir = Path(ckpt_dir).resolve()
-    logdir = Path(logdir).resolve() if logdir else default_logdir(ckpt_dir)
+    ckpt_dir = _resolved(ckpt_dir, "the checkpoint directory")
+    logdir = _resolved(logdir, "the log directory (--logdir)") if logdir else default_logdir(ckpt_dir)
     if logdir == ckpt_dir or ckpt_dir in logdir.parents:
         log.warning("the log directory %s is inside the checkpoint directory %s: evald writes there because it "
                     "was told to, but the trainer's directory is best left to the trainer (the default log "
@@ -135,12 +172,15 @@ def open_run(ckpt_dir: Path, logdir: Path | None, run_name: str | None) -> RunDi
             raise RunDirError(f"{ckpt_dir} is already served as run {existing.name!r} in {logdir}; start "
                               f"without --run-name, with --run-name {existing.name}, or rename the directory "
                               f"{existing.path} to {logdir / run_name} to rename the run")
+        check_owned(existing.path)
+        _warn_if_shared(logdir)
         return existing
     try:
         logdir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RunDirError(f"cannot create the log directory {logdir} ({exc.strerror}); choose one with "
                           f"--logdir") from None
+    _warn_if_shared(logdir)
     try:
         return _claim_a_name(ckpt_dir, logdir, run_name)
     except OSError as exc:
@@ -164,6 +204,8 @@ def _claim_a_name(ckpt_dir: Path, logdir: Path, run_name: str | None) -> RunDir:
 
 def _claim(path: Path, ckpt_dir: Path) -> bool:
     """True when ``path`` is (now) the run directory of ``ckpt_dir``; False if another run has it."""
+    if os.path.lexists(path) and os.path.isdir(path):
+        check_owned(path)  # before reading or writing anything in it
     identity = read_identity(path)
     if identity is not None:
         return identity.get("ckpt_dir") == str(ckpt_dir)
@@ -200,7 +242,7 @@ def locate(run_dir: Path | None, ckpt_dir: Path | None, logdir: Path | None, run
         run = find_run(Path(ckpt_dir), logdir)
         if run is not None:
             return run.path
-        raise RunDirError(f"no run in {logdir} serves {Path(ckpt_dir).resolve()}; has evald started on it? "
+        raise RunDirError(f"no run in {logdir} serves {_resolved(ckpt_dir, 'the checkpoint directory')}; has evald started on it? "
                           f"(give --logdir if evald was given one)")
     runs = runs_in(logdir)
     if len(runs) == 1:

@@ -13,7 +13,8 @@ How the trainer side meets this loop (see trainer_hooks.EvaldHook)::
 ``serve`` is startup, ``on_tick`` until it returns False, shutdown. ``on_tick`` is the one loop
 body, and tests drive it directly (tests/unit/daemon/test_crash_replay.py). Signals only set
 flags (``handle_exit``): the first SIGINT/SIGTERM sets ``should_exit`` (the current evaluation
-finishes, then evald exits 0); a second sets ``force_exit``, which the evaluation checks between
+finishes, then evald exits 0; a checkpoint still being read stops between chunks, is re-queued,
+exit 1); a second sets ``force_exit``, which the evaluation checks between
 batches (abandoned, re-queued, exit 1). A background thread that dies (the notification
 receiver, the directory watcher) stops evald with an error naming it (exit 3), never silently.
 
@@ -34,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from evald.config import ResolvedConfig
+from evald.contracts import outside_paths, safetensors_io
 from evald.contracts.auth import SecurityError
-from evald.contracts.wire import default_socket_dir
+from evald.contracts.wire import SocketDirError, default_socket_dir
 from evald.daemon import channels
 from evald.daemon import private_files
 from evald.daemon.locks import InUse, Lock, directory_lock_path
@@ -85,6 +87,8 @@ class Server:
         self._last_activity = time.monotonic()
         self._said_exiting = False
         self._worked = True    # the last turn evaluated or skipped something (the first turn looks at once)
+        self._refused_attach, self._refused_attach_said_at = 0, float("-inf")
+        safetensors_io.stop_reading_when(lambda: self.should_exit)  # a signal ends a read, between chunks
 
     def serve(self) -> int:
         self.install_signal_handlers()
@@ -92,7 +96,8 @@ class Server:
             self.startup()
             while self.on_tick():
                 pass
-        except (InUse, RunDirError, SecurityError, LedgerVersionError) as exc:
+        except (InUse, RunDirError, SecurityError, LedgerVersionError, outside_paths.OutsidePathError,
+                SocketDirError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
         except (CannotEvaluate, SystemicFailure, BackgroundThreadDied) as exc:
@@ -125,7 +130,7 @@ class Server:
                      channels.notification_endpoint(self.config))
 
     def attach(self, ckpt_dir: Path) -> None:
-        ckpt_dir = ckpt_dir.resolve()
+        ckpt_dir = outside_paths.resolve(ckpt_dir, "the checkpoint directory")
         how = "give this one another --ckpt-dir"
         self.locks.append(Lock(directory_lock_path(ckpt_dir, default_socket_dir()), f"checkpoint directory "
                                f"{ckpt_dir}", how))
@@ -197,7 +202,7 @@ class Server:
                 # The first trusted notification names the directory; an untrusted one is refused, with why.
                 origin = trust.of_message(self.receiver, peer_trusted=source == ZMQ)
                 if trust.may_attach(origin, payload.ckpt_dir, payload.TYPE):
-                    self.attach(Path(payload.ckpt_dir))
+                    self._attach_for(payload)
             if self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
             if handled == EVENTS_PER_TURN:
@@ -206,6 +211,25 @@ class Server:
                 item = self.events.get_nowait()
             except queue.Empty:
                 return
+
+    def _attach_for(self, message: Any) -> None:
+        """Serve the directory a trusted first message names. One that cannot be served (a link loop,
+        another evald's, a run directory that is not evald's) is refused and logged, at most once per
+        10 s: no message can raise out of the loop, whatever it holds; evald waits for the next."""
+        held = len(self.locks)
+        try:
+            self.attach(Path(message.ckpt_dir))
+        except Exception as exc:  # noqa: BLE001 - whatever the message named
+            if self.run is not None:  # made before what failed: its watcher and ledger are closed again
+                self.run.close()
+            for lock in self.locks[held:]:
+                lock.release()
+            del self.locks[held:]
+            self.run, self._refused_attach = None, self._refused_attach + 1
+            if time.monotonic() - self._refused_attach_said_at >= 10.0:
+                self._refused_attach_said_at = time.monotonic()
+                log.error("not serving the directory a %s message names: %s (%d such messages so far; one such "
+                          "line every 10 s at most)", message.TYPE, str(exc)[:1000], self._refused_attach)
 
     def _idle_too_long(self) -> bool:
         limit = self.config.idle_exit_s

@@ -80,8 +80,12 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
     assert row is not None
     try:
         result = pipeline.evaluate(ctx.ckpt_dir, row)
-    except EvaluationInterrupted:
-        ledger.requeue(row.step, "interrupted by a forced shutdown; evaluated again at the next start")
+    except EvaluationInterrupted as exc:
+        if row.attempts >= ctx.max_attempts:  # a checkpoint whose read outlasts every shutdown is not retried forever
+            _commit_failure(ledger, ctx, row, FAILED, f"interrupted on each of {row.attempts} attempts (last: "
+                            f"{exc or 'a forced shutdown'}); raise tuning.max_attempts or `evald retry {row.step}`")
+        else:
+            ledger.requeue(row.step, "interrupted by a forced shutdown; evaluated again at the next start")
         raise
     depth = len(queued) - 1 - len(choice.skip)
     if isinstance(result, Evaluated):

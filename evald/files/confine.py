@@ -5,7 +5,8 @@ a 1 TB sparse file, or swap a checked entry for a link between the check and the
 read. So, around every read of a checkpoint (docs/security.md):
 
 * before: the entry is examined with ``lstat``: a plain name of the directory, not a
-  link, a directory (evald layout) or a regular file (foreign) of a sane size;
+  link, a directory (evald layout) or a regular file (foreign) of a sane size with one
+  link only (a hard link's other name may be outside the directory; no writer makes one);
 * the files inside an evald checkpoint are opened without following links and
   without blocking, and must be regular files of their declared size
   (evald.contracts.safetensors_io, evald.contracts.small_files);
@@ -25,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from evald.contracts.small_files import kind_of
+from evald.contracts.small_files import hard_link_text, kind_of
 from evald.files.errors import CheckpointDeleted, CheckpointError
 
 FOREIGN_FACTOR = 16            # weights + optimizer moments + fp32 master copies, with room to spare
@@ -56,6 +57,8 @@ def examine(ckpt_dir: Path, name: str, *, directory: bool, limit: int | None = N
     wanted, what = (stat.S_ISDIR, "a directory") if directory else (stat.S_ISREG, "a regular file")
     if not wanted(info.st_mode):
         raise CheckpointError(f"{name}: {kind_of(info.st_mode)}, not {what}; not read")
+    if not directory and info.st_nlink > 1:  # MindSpore's writers rename a temp file: never a hard link
+        raise CheckpointError(f"{name}: {hard_link_text(info)}")
     if limit is not None and info.st_size > limit:
         raise CheckpointError(f"{name}: {info.st_size} bytes, more than the {limit} evald reads for a "
                               f"checkpoint of this network (a sparse or runaway file?); not read")

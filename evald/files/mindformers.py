@@ -49,9 +49,9 @@ class _Wait:
 
 WAIT = _Wait()  # step_of_weights_only: not known yet, look again later
 
-_RANK = re.compile(r"^rank_\d{1,6}$")
+_RANK = re.compile(r"rank_[0-9]{1,6}")  # fullmatch: ASCII digits, no trailing "\n"
 _NETWORK_NAME = re.compile(
-    r"^(?P<prefix>.+)-network-(?P<epoch>\d{1,9})_(?P<step>\d{1,15})\.(?P<ext>ckpt|safetensors)$")
+    r"(?P<prefix>.+)-network-(?P<epoch>[0-9]{1,9})_(?P<step>[0-9]{1,15})\.(?P<ext>ckpt|safetensors)", re.DOTALL)
 
 
 def served_dirs(ckpt_dir: Path) -> list[Path]:
@@ -72,7 +72,7 @@ def watched_dirs(ckpt_dir: Path) -> list[Path]:
 def output_dir_of(ckpt_dir: Path) -> Path:
     """The MindFormers output directory when ``ckpt_dir`` is one of its rank directories, else ``ckpt_dir``."""
     ckpt_dir = Path(ckpt_dir)
-    if _RANK.match(ckpt_dir.name) and ckpt_dir.parent.name in (WEIGHTS_DIR, FULL_DIR):
+    if _RANK.fullmatch(ckpt_dir.name) and ckpt_dir.parent.name in (WEIGHTS_DIR, FULL_DIR):
         return ckpt_dir.parent.parent
     return ckpt_dir
 
@@ -104,14 +104,14 @@ def base_name(name: str) -> str:
 def is_weights_only(path: Path) -> bool:
     """A MindFormers weights-only checkpoint: ``.../checkpoint_network/rank_N/<prefix>-network-E_S.ckpt``."""
     path = Path(path)
-    return (path.parent.parent.name == WEIGHTS_DIR and bool(_RANK.match(path.parent.name))
-            and bool(_NETWORK_NAME.match(path.name)))
+    return (path.parent.parent.name == WEIGHTS_DIR and bool(_RANK.fullmatch(path.parent.name))
+            and bool(_NETWORK_NAME.fullmatch(path.name)))
 
 
 def full_sibling(path: Path) -> Path | None:
     """The full checkpoint MindFormers wrote at the same epoch and step as the weights-only file ``path``."""
     path = Path(path)
-    match = _NETWORK_NAME.match(path.name)
+    match = _NETWORK_NAME.fullmatch(path.name)
     if match is None or not is_weights_only(path):
         return None
     name = f"{match['prefix']}-{match['epoch']}_{match['step']}.{match['ext']}"

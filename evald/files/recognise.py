@@ -53,7 +53,8 @@ PART, PARTS = "part", "parts"  # one part of a partitioned snapshot; a step read
 FOREIGN_KINDS = (FOREIGN, FOREIGN_WEIGHTS)
 FOREIGN_SUFFIXES = (".ckpt", ".safetensors")
 PREFERENCE = {EVALD: 0, PARTS: 0, FOREIGN_WEIGHTS: 1, FOREIGN: 2}  # lower wins when several files carry one step
-_MODEL_CHECKPOINT_NAME = re.compile(r"^(?P<prefix>.+)-(?P<epoch>\d{1,9})_(?P<step>\d{1,15})\.(ckpt|safetensors)$")
+_MODEL_CHECKPOINT_NAME = re.compile(  # fullmatch: ASCII digits, no trailing "\n"
+    r"(?P<prefix>.+)-(?P<epoch>[0-9]{1,9})_(?P<step>[0-9]{1,15})\.(ckpt|safetensors)", re.DOTALL)
 _STEP_KEYS = ("step_num", "cur_step_num", "global_step")
 MAX_STEP = 2**63 - 1
 
@@ -98,6 +99,8 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
         dir_step = part[0]
     if dir_step is None and not name.endswith(FOREIGN_SUFFIXES):
         return None
+    if not os.path.lexists(path):
+        return None  # before any verdict: a notice of an entry that does not exist leaves no row
     if dir_step is not None and dir_step > MAX_STEP:
         return Rejected(name, None, f"step {dir_step} in the name is out of range (0..2**63-1)")
     if "/" in name and os.path.realpath(path.parent) != os.path.join(os.path.realpath(ckpt_dir), os.path.dirname(name)):
@@ -114,7 +117,7 @@ def _link(ckpt_dir: Path, path: Path, step: int | None, name: str) -> Rejected:
     target = Path(os.path.realpath(path))
     if target.parent != Path(os.path.realpath(ckpt_dir)):  # named as the link says: nothing of the target leaks
         return Rejected(name, step, f"a link to {_link_text(path)}, outside the checkpoint directory: not read")
-    return Rejected(name, step, f"a link to {target.name}, which is read under its own name", duplicate=True)
+    return Rejected(name, step, f"a link to {target.name!r}, which is read under its own name", duplicate=True)
 
 
 def _evald(path: Path, dir_step: int, part: tuple[int, int, int] | None = None) -> Found | Rejected | None:
@@ -165,7 +168,7 @@ def foreign_step(path: Path, steps_per_epoch: int | None, *, now: float | None =
 
     Raises CheckpointUnreadable when a file it must read is not readable by evald's user.
     """
-    match = _MODEL_CHECKPOINT_NAME.match(path.name)
+    match = _MODEL_CHECKPOINT_NAME.fullmatch(path.name)
     if match and int(match.group("epoch")) == 1:
         return int(match.group("step"))
     weights_only = mindformers_layout.is_weights_only(path)
@@ -237,7 +240,7 @@ def _link_text(path: Path) -> str:
         return "(unreadable)"
 def step_from_name(name: str, steps_per_epoch: int | None) -> int | None:
     """The global step a ``PREFIX-E_S.ckpt`` name gives without opening the file (rules 1 and 3), else None."""
-    match = _MODEL_CHECKPOINT_NAME.match(name)
+    match = _MODEL_CHECKPOINT_NAME.fullmatch(name)
     if match is None:
         return None
     epoch, step = int(match.group("epoch")), int(match.group("step"))

@@ -60,7 +60,8 @@ class _Handler(FileSystemEventHandler):
 
 def _natural_key(name: str) -> list:
     """``x-1_5.ckpt`` before ``x-1_10.ckpt``; zero-padded ``step_N`` dirs sort by step anyway."""
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+    return [(0, int(part), "") if part.isascii() and part.isdigit() else (1, 0, part)
+            for part in re.split(r"([0-9]+)", name)]
 
 
 class Discovery:

@@ -14,6 +14,7 @@ reports) and at every rescan.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -23,8 +24,8 @@ from evald.config import EvaldConfig
 from evald.contracts import layout
 from evald.files import mindformers as mindformers_layout
 from evald.files.parts import Assembled, PartGroups, Unusable
-from evald.files.recognise import (FOREIGN_SUFFIXES, PART, PARTS, PREFERENCE, Found, Pending, Rejected, recognise,
-                               step_from_name)
+from evald.files.recognise import (FOREIGN_SUFFIXES, MAX_STEP, PART, PARTS, PREFERENCE, Found, Pending, Rejected,
+                                   recognise, step_from_name)
 from evald.intake.lag_policy import admit
 from evald.ledger.ledger import DELETED, DUPLICATE, QUEUED, REJECTED, Ledger
 
@@ -32,6 +33,8 @@ log = logging.getLogger("evald.intake.intake")
 
 UNREADABLE_RECHECK_S = 5.0
 FIRST_SOURCES_KEPT = 4096  # entries whose first source is remembered, for the "also via" line
+REJECTIONS_LOGGED = 10        # rejections logged in full per window; the others are counted
+REJECTION_WINDOW_S = 10.0
 
 
 class Intake:
@@ -49,6 +52,8 @@ class Intake:
         self._unreadable_due = 0.0
         self.parts = PartGroups(config.tuning.parts_timeout_s)  # partitioned steps waiting for their parts
         self.run_id: str | None = None      # the announced run (names the odd one out among mixed parts)
+        self._rejection_window = (float("-inf"), 0)  # (start, lines logged in it)
+        self._rejections_unlogged = 0
 
     def found(self, name: str, found_via: str, now: float | None = None) -> bool:
         """An entry appeared (or may have): admit what it carries, once. True if it was new."""
@@ -122,7 +127,29 @@ class Intake:
         """Names forgotten by the ledger (``evald retry``) are judged again when found again."""
         self._judged.clear()
 
+    def flush_rejection_log(self, force: bool = False) -> None:
+        """Say how many rejections were not logged, once their window is over (or now, with ``force``)."""
+        if self._rejections_unlogged and (force or time.monotonic() - self._rejection_window[0] >= REJECTION_WINDOW_S):
+            log.error("%d more rejected entries were not logged (at most %d such lines every %.0fs); each is in the "
+                      "ledger with its reason (evald status)", self._rejections_unlogged, REJECTIONS_LOGGED,
+                      REJECTION_WINDOW_S)
+            self._rejections_unlogged = 0
+
+    def _log_rejection(self, text: str, *args: object, extra: dict) -> None:
+        now = time.monotonic()
+        start, logged = self._rejection_window
+        if now - start >= REJECTION_WINDOW_S:
+            self.flush_rejection_log()
+            start, logged = now, 0
+        if logged < REJECTIONS_LOGGED:
+            log.error(text, *args, extra=extra)
+            logged += 1
+        else:
+            self._rejections_unlogged += 1
+        self._rejection_window = (start, logged)
+
     def recheck_settled(self, now: float | None = None) -> None:
+        self.flush_rejection_log()
         for unusable in self.parts.expired():
             self._unusable(unusable)
         now = now or time.time()
@@ -144,6 +171,7 @@ class Intake:
         accounted for as deleted. True if it was recorded."""
         step = layout.parse_step_dir_name(name)
         step = step if step is not None else step_from_name(name, self.config.foreign_steps_per_epoch)
+        step = step if step is not None and 0 <= step <= MAX_STEP else None
         if step is None and needs_step:
             return False
         reason = f"{name}: deleted before it could be evaluated (it disappeared {when})"
@@ -164,12 +192,16 @@ class Intake:
         return dict(self._unreadable)
 
     def _reject(self, verdict: Rejected) -> None:
+        # A reason may quote another entry's name, which may not be valid UTF-8: sqlite could not store it.
+        verdict = dataclasses.replace(verdict, reason=_ledger_key(verdict.reason))
         status = DUPLICATE if verdict.duplicate else REJECTED
         fail_step = not verdict.duplicate
         self.ledger.note_file(verdict.name, verdict.step, status, verdict.reason, fail_step=fail_step)
-        level = logging.INFO if verdict.duplicate else logging.ERROR
-        log.log(level, "%s %s: %s", "ignored" if verdict.duplicate else "rejected", verdict.name, verdict.reason,
-                extra={"key": verdict.name, "step": verdict.step, "status": status, "reason": verdict.reason})
+        extra = {"key": verdict.name, "step": verdict.step, "status": status, "reason": verdict.reason}
+        if verdict.duplicate:
+            log.info("ignored %s: %s", verdict.name, verdict.reason, extra=extra)
+        else:  # rate-limited: a directory of 5,000 bad entries must not write 5,000 lines
+            self._log_rejection("rejected %s: %s", verdict.name, verdict.reason, extra=extra)
 
     def _part(self, part: Found, found_via: str) -> None:
         existing = self.ledger.step(part.step)

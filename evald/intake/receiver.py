@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from evald.contracts.auth import CURVE, SecurityConfig, secure_server
-from evald.contracts.wire import MAX_MESSAGE_BYTES, ProtocolError, TrainMetrics, decode, ensure_socket_dir
+from evald.contracts.wire import MAX_MESSAGE_BYTES, ProtocolError, TrainMetrics, decode, ensure_bindable
 
 log = logging.getLogger("evald.receiver")
 
@@ -138,7 +138,7 @@ class Receiver:
         self._auth = None
         self.authenticated = False
         self.untrusted = 0  # valid messages from peers that are not trusted (plaintext TCP)
-        ensure_socket_dir(endpoint)
+        ensure_bindable(endpoint)  # a private directory, and no other program's socket unlinked
         self._local = endpoint.startswith("ipc://")  # ensure_socket_dir made sure only this user can connect
         self._context = zmq.Context()
         self._socket = self._context.socket(zmq.PULL)

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evald.config import ResolvedConfig
 from evald.contracts import layout, small_files
 from evald.contracts.wire import ProtocolError, RunAnnounced, RunFinished, announcement_from_json, decode
 from evald.intake import trust
@@ -31,12 +33,14 @@ class Announcement:
 
 
 def read_announcement(ckpt_dir: Path, message: RunAnnounced | None = None,
-                      channel: trust.Source | None = None) -> Announcement | None:
+                      channel: trust.Source | None = None, *, operator: ResolvedConfig | None = None
+                      ) -> Announcement | None:
     """RUN.json as options for the configuration; None when absent or invalid (logged).
 
     ``message``: the newest run_announced from ``channel``; it may name the factories RUN.json
     may not (a RUN.json others can write, e.g. under umask 002), if the channel is trusted and
-    it announces the same run.
+    it announces the same run. ``operator``: what the operator configured, so that the log says
+    what happens to an announced factory (used, not used, refused) once, not at every re-read.
     """
     path = ckpt_dir / layout.RUN_FILE
     where = f"run announcement {path}"
@@ -60,11 +64,46 @@ def read_announcement(ckpt_dir: Path, message: RunAnnounced | None = None,
         if not origin.trusted:
             trust.refuse_factory(origin, which, spec, f"not imported; give evald --{which}-factory itself")
             continue
-        if origin is channel:
-            log.info("the %s factory %s comes from the run_announced message on %s", which, spec.target, channel)
+        _say_once(which, spec, origin, channel, operator)
         options.update({f"{which}_factory": spec.target, f"{which}_kwargs": dict(spec.kwargs)})
         options["app_dir"] = options.get("app_dir") or spec.search_path
     return Announcement(announced, options, where)
+
+
+REPEAT_SAID_EVERY_S = 3600.0
+_said: dict[tuple, tuple[float, int]] = {}   # (which, target, origin, verdict) -> (last said, times since)
+
+
+def _say_once(which: str, spec: Any, origin: trust.Source, channel: trust.Source | None,
+              operator: ResolvedConfig | None) -> None:
+    """Log what becomes of an announced factory: once, then at most hourly with the count (RUN.json is
+    re-read at every rescan; the same line every 30 s would say nothing new)."""
+    flag = f"--{which}-factory"
+    if operator is not None and operator.set_by_operator(f"{which}_factory"):
+        verdict = (f"the {which} factory {spec.target} announced by {origin.name} is not used: the operator's "
+                   f"{flag} {getattr(operator.config, f'{which}_factory')} is")
+    elif operator is not None and _refused_by_allow(spec, operator.config.factory_allow):
+        verdict = (f"refused the {which} factory {spec.target} announced by {origin.name}: its module is not "
+                   f"under --factory-allow {','.join(operator.config.factory_allow)}; nothing is imported")
+    elif origin is channel:
+        verdict = f"the {which} factory {spec.target} comes from the run_announced message on {channel}"
+    else:
+        return
+    key = (which, spec.target, origin.name, verdict)
+    now = time.monotonic()
+    last, since = _said.get(key, (float("-inf"), 0))
+    if now - last < REPEAT_SAID_EVERY_S:
+        _said[key] = (last, since + 1)
+        return
+    _said[key] = (now, 0)
+    log.info("%s%s", verdict, f" (said {since} more times since the last report)" if since else "")
+
+
+def _refused_by_allow(spec: Any, allow: tuple) -> bool:
+    """The rule of evald.pipeline.factories.check_allowed (which refuses it at build time; intake may
+    not import the pipeline), only to word the log line."""
+    module = spec.target.partition(":")[0]
+    return bool(allow) and not any(module == p.rstrip(".") or module.startswith(p.rstrip(".") + ".") for p in allow)
 
 
 def read_run_end(ckpt_dir: Path) -> RunFinished | None:

@@ -11,7 +11,8 @@ one of three outcomes:
 * ``Retry``: something unexpected raised (a bug, an OOM); the step goes back to the
   queue with its attempt counted, and evald says so loudly, because such an error
   says nothing about the checkpoint.
-EvaluationInterrupted (a forced shutdown) propagates: the caller re-queues the step.
+EvaluationInterrupted (a forced shutdown, or a signal during a read) propagates: the caller re-queues
+the step, or fails it after tuning.max_attempts interruptions.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol, Union
 
 from evald.config import EvaldConfig, factory_spec
+from evald.contracts.safetensors_io import ReadInterrupted
 from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.ledger.ledger import DELETED, FAILED, Step
 from evald.pipeline.factories import check_allowed
@@ -256,6 +258,8 @@ class Pipeline:
             result = self.evaluator.evaluate(ckpt_dir / row.source, row.kind, should_abort=self.should_abort)
         except EvaluationInterrupted:
             raise
+        except ReadInterrupted as exc:  # a signal stopped the read between chunks: not the checkpoint's fault
+            raise EvaluationInterrupted(str(exc)) from exc
         except CheckpointDeleted as exc:
             return Failed(str(exc), DELETED)
         except CheckpointError as exc:

@@ -14,7 +14,7 @@ import logging
 import time
 
 from evald.contracts.auth import SecurityConfig, secure_server
-from evald.contracts.wire import ControlState, ensure_socket_dir
+from evald.contracts.wire import ControlState, ensure_bindable
 
 log = logging.getLogger("evald.control")
 
@@ -26,7 +26,7 @@ class ControlPublisher:
         self.endpoint = endpoint
         self.republish_s = republish_s
         self._zmq = zmq
-        ensure_socket_dir(endpoint)
+        ensure_bindable(endpoint)
         self._socket = zmq.Context.instance().socket(zmq.PUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
