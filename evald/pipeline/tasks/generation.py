@@ -24,13 +24,30 @@ from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
 
 
 class NextTokenLogits(nn.Cell):
-    def __init__(self, network: nn.Cell) -> None:
+    """The logits (B, V) at each row's own position of a fixed (B, L) buffer, or with ``greedy`` their
+    argmax (B,), computed on the device; ``index`` is (B, 2) int32 rows of (row, position).
+
+    Shared by the sample generator and the benchmarks' greedy ``generate_until``
+    (evald.pipeline.scoring.TokenScorer.generate), so there is one fixed-buffer generation.
+    """
+
+    def __init__(self, network: nn.Cell, greedy: bool = False) -> None:
         super().__init__()
         self.network = network
+        self.greedy = greedy
 
-    def construct(self, tokens, position):
-        logits = self.network(tokens)                       # (P, L, V)
-        return ops.gather(logits, position, 1).squeeze(1)   # (P, V) at `position`
+    def construct(self, tokens, index):
+        logits = self.network(tokens)                       # (B, L, V), stays on the device
+        chosen = ops.gather_nd(logits, index)               # (B, V) at each row's position
+        if self.greedy:
+            return ops.argmax(chosen, -1)                   # (B,)
+        return chosen
+
+
+def position_index(positions: np.ndarray) -> np.ndarray:
+    """The (B, 2) ``index`` of NextTokenLogits for one position per row."""
+    positions = np.asarray(positions, np.int32).reshape(-1)
+    return np.stack([np.arange(len(positions), dtype=np.int32), positions], axis=1)
 
 
 class SampleGenerator:
@@ -98,7 +115,8 @@ class SampleGenerator:
             for position in range(prompt_len, prompt_len + self.new_tokens):
                 if should_abort():
                     raise EvaluationInterrupted()
-                logits = self.cell(ms.Tensor(buffer), ms.Tensor(np.array([position - 1], np.int32)))
+                index = position_index(np.full(rows, position - 1))
+                logits = self.cell(ms.Tensor(buffer), ms.Tensor(index))
                 logits = logits.asnumpy().astype(np.float64)
                 self.vocab = logits.shape[-1]
                 if not np.isfinite(logits).all():

@@ -1,0 +1,124 @@
+"""The tokenizer benchmarks and the HTTP endpoint use: one object, built from a factory, with a hash.
+
+A tokenizer comes from a factory, exactly like the model and the data (``--tokenizer-factory
+module:callable`` with ``--tokenizer-kwargs``, or the trainer's announcement). Whatever the factory
+returns is wrapped by ``adapt`` into a ``Tokenizer``:
+
+* an object with ``encode(text) -> list[int]``, ``decode(ids) -> str`` and ``eos_id`` is used as is;
+* a Hugging Face-style tokenizer (what MindFormers uses: ``encode(text, add_special_tokens=False)``,
+  ``decode(ids)``, ``eos_token_id``) is wrapped by ``HFTokenizer``, which never adds special tokens
+  (lm-eval adds what a task needs itself);
+* ``ByteTokenizer`` is the demo's: UTF-8 bytes are the token ids (vocabulary 256).
+
+``tokenizer_hash`` names what a tokenizer does, not what it is called: the sha256 of its class,
+EOS id, vocabulary (when it exposes ``get_vocab()``) and the ids it gives a fixed probe text.
+It is part of a suite's identity (evald.pipeline.suites); a tokenizer whose hash changes between
+checkpoints of one run is an error (``TokenizerChanged``), because the numbers would not compare.
+
+May import: contracts (and the pipeline's own factories module).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from evald.contracts.wire import FactorySpec
+from evald.pipeline.factories import call_factory
+
+# Covers ASCII, whitespace runs, digits, code and multi-byte UTF-8, so that two tokenizers that
+# split any of these differently hash differently.
+PROBE_TEXT = ("The quick brown fox jumps over the lazy dog.\n\tdef f(x):  return x ** 2  # 0123456789\n"
+              "  \"quoted\" 'single' <tag/> {json: [1, 2.5e-3]} café naïve 日本語 Ελληνικά 🙂\r\n")
+
+
+class TokenizerError(ValueError):
+    """A tokenizer factory returned something that cannot tokenize."""
+
+
+class TokenizerChanged(RuntimeError):
+    """The tokenizer of a run changed between two of its checkpoints."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class ByteTokenizer:
+    """UTF-8 bytes as token ids (the demo's byte-level GPT). EOS defaults to NUL, which text never holds."""
+
+    eos_id: int = 0
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(int(i) & 0xFF for i in ids).decode("utf-8", "replace")
+
+
+class HFTokenizer:
+    """A Hugging Face-style tokenizer (``encode(text, add_special_tokens=...)``, ``eos_token_id``)."""
+
+    def __init__(self, inner: Any) -> None:
+        eos = getattr(inner, "eos_token_id", None)
+        if not isinstance(eos, int):
+            raise TokenizerError(f"{type(inner).__name__} has no integer eos_token_id (got {eos!r}); "
+                                 f"set one on the tokenizer your factory returns")
+        self.inner, self.eos_id = inner, eos
+
+    def encode(self, text: str) -> list[int]:
+        return [int(i) for i in self.inner.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.inner.decode([int(i) for i in ids]))
+
+
+def adapt(obj: Any, where: str = "the tokenizer factory") -> Tokenizer:
+    """``obj`` as a Tokenizer, or TokenizerError saying which method it lacks."""
+    for method in ("encode", "decode"):
+        if not callable(getattr(obj, method, None)):
+            raise TokenizerError(f"{where} returned {type(obj).__name__}, which has no {method}() method; "
+                                 f"return an object with encode(text), decode(ids) and eos_id (or a Hugging "
+                                 f"Face-style tokenizer)")
+    if isinstance(getattr(obj, "eos_id", None), int):
+        return obj
+    if hasattr(obj, "eos_token_id"):
+        return HFTokenizer(obj)
+    raise TokenizerError(f"{where} returned {type(obj).__name__}, which has neither eos_id nor eos_token_id")
+
+
+def build_tokenizer(spec: FactorySpec | None) -> Tokenizer:
+    """The tokenizer ``spec`` names; without one, the byte tokenizer."""
+    if spec is None:
+        return ByteTokenizer()
+    return adapt(call_factory(spec, "tokenizer"), f"the tokenizer factory {spec.target!r}")
+
+
+def tokenizer_hash(tokenizer: Tokenizer) -> str:
+    """sha256 of what the tokenizer does: class, EOS, vocabulary if exposed, the probe text's ids."""
+    inner = getattr(tokenizer, "inner", tokenizer)
+    vocab = getattr(inner, "get_vocab", None)
+    described = {
+        "class": f"{type(inner).__module__}.{type(inner).__qualname__}",
+        "eos_id": int(tokenizer.eos_id),
+        "probe": [int(i) for i in tokenizer.encode(PROBE_TEXT)],
+        "vocab": sorted((str(k), int(v)) for k, v in vocab().items()) if callable(vocab) else None,
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def check_unchanged(recorded: str | None, current: str, step: int) -> None:
+    """TokenizerChanged if ``current`` differs from the hash this run's earlier checkpoints used."""
+    if recorded is not None and recorded != current:
+        raise TokenizerChanged(f"the tokenizer changed between checkpoints of this run: step {step} would be "
+                               f"scored with tokenizer {current[:12]}, earlier steps with {recorded[:12]}; "
+                               f"benchmark numbers from two tokenizers do not compare. Restore the run's "
+                               f"tokenizer, or evaluate into a new --logdir")
