@@ -45,7 +45,9 @@ def table() -> str:
             tables.append(f)
     out = "\n".join(rows) + "\n"
     for f in tables:
-        out += f"\n### `[{f.name}]` (`{flag_of(f)} JSON`)\n\n| key | default | meaning |\n|---|---|---|\n"
+        shorthand = getattr(f.metadata["table"], "SHORTHAND", None)
+        spelled = f"`{flag_of(f)} {shorthand.upper()}` or `{flag_of(f)} JSON`" if shorthand else f"`{flag_of(f)} JSON`"
+        out += f"\n### `[{f.name}]` ({spelled})\n\n| key | default | meaning |\n|---|---|---|\n"
         for sub in fields(f.metadata["table"]):
             out += f"| `{sub.name}` | `{default_of(sub)}` | {_cell(sub.metadata['help'])} |\n"
     return out

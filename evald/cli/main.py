@@ -55,7 +55,8 @@ def _how(f) -> dict:
     if kind == "plugins":
         return {"action": "append", "metavar": "MODULE:CLASS"}
     if kind == "table":  # repeatable: --tuning '{"watch": "polling"}' --tuning '{"rescan_interval_s": 1}'
-        return {"action": "append", "metavar": "JSON"}
+        shorthand = getattr(f.metadata["table"], "SHORTHAND", None)
+        return {"action": "append", "metavar": f"{shorthand.upper()}|JSON" if shorthand else "JSON"}
     return {"metavar": {"table": "JSON", "object": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}
 
 
