@@ -125,7 +125,7 @@ def _tokenize(prompt: Any, tokenizer: Tokenizer, limits: ServeOptions, window: i
         raise BadRequest(400, f"{len(prompt)} prompts in one request; at most {limits.max_prompts} "
                               f"(serve.max_prompts)", "prompt")
     longest = min(limits.max_prompt_tokens, window)
-    vocab = getattr(tokenizer, "vocab_size", None)
+    vocab = vocab_size(tokenizer)
     out = []
     for i, item in enumerate(prompt):
         if isinstance(item, str):
@@ -136,7 +136,10 @@ def _tokenize(prompt: Any, tokenizer: Tokenizer, limits: ServeOptions, window: i
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
             if len(item) > longest:
                 raise BadRequest(400, f"prompt[{i}] has {len(item)} tokens; at most {longest}", "prompt")
-            bad = [t for t in item if t < 0 or (isinstance(vocab, int) and t >= vocab)]
+            if vocab is None:
+                raise BadRequest(400, f"prompt[{i}]: token ids are refused because this tokenizer does not say its "
+                                      f"vocabulary size; send text", "prompt")
+            bad = [t for t in item if t < 0 or t >= vocab]
             if bad:
                 raise BadRequest(400, f"prompt[{i}] holds token id {bad[0]}, outside the vocabulary", "prompt")
             ids = tuple(item)
@@ -150,6 +153,15 @@ def _tokenize(prompt: Any, tokenizer: Tokenizer, limits: ServeOptions, window: i
                                   f"max_length={window + 1} in model_args", "prompt")
         out.append(ids)
     return tuple(out)
+
+
+def vocab_size(tokenizer: Tokenizer) -> int | None:
+    """How many token ids the tokenizer has (``vocab_size``, else ``len(get_vocab())``), or None."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    vocab = getattr(getattr(tokenizer, "inner", tokenizer), "get_vocab", None)
+    return len(vocab()) if callable(vocab) else None
 
 
 def _stop(value: Any) -> tuple[str, ...]:
