@@ -20,6 +20,7 @@ from typing import Any
 from evald.contracts import layout
 from evald.contracts.wire import ProtocolError, announcement_from_json
 from evald.daemon.run_dir import IDENTITY_FILE, LEDGER_FILE, LOCK_FILE, read_identity
+from evald.ledger.disk_full import DiskWait
 from evald.ledger.ledger import DELETED, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, Ledger
 
 STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
@@ -28,8 +29,9 @@ STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
 class ReadOnlyLedger(Ledger):
     """The ledger's read methods on a read-only connection (no schema creation, no migration)."""
 
-    def __init__(self, path: Path) -> None:  # noqa: super().__init__ would create and migrate
+    def __init__(self, path: Path) -> None:  # noqa: super().__init__ would create the schema
         self.path = Path(path)
+        self.disk = DiskWait()   # reads: a full disk does not stop them, but the methods share one wrapper
         mode = "ro" if Path(f"{path}-wal").exists() else "ro&immutable=1"
         self._db = sqlite3.connect(f"file:{self.path}?mode={mode}", uri=True, isolation_level=None, timeout=30)
 
@@ -53,6 +55,7 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         steps, files, times = ledger.steps(), ledger.files(), ledger.times()
         decisions = ledger.get_state("decisions", {}) or {}
         summarised = ledger.get_state("summarised")
+        serving = ledger.get_state("serve")   # evald --serve's numbers (evald.daemon.serving), if it served
     finally:
         ledger.close()
     counts = {state: sum(1 for s in steps if s.state == state) for state in STATES}
@@ -82,6 +85,7 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         "stop": None if control.get("stop_at_step") is None else {"at_step": control["stop_at_step"],
                                                                    "reason": control.get("stop_reason", "")},
         "summarised": summarised is not None,
+        "serving": serving,
     }
 
 
@@ -157,6 +161,13 @@ def render(info: dict[str, Any]) -> str:
     shown_best = "-" if best["step"] is None else f"step {best['step']} ({_number(best['value'])})"
     lines.append(f"best         {shown_best}")
     lines.append("stop         " + ("-" if stop is None else f"at step {stop['at_step']}: {stop['reason']}"))
+    serving = info.get("serving")
+    if serving:
+        lines.append(f"serving      {serving.get('url', '-')}: {serving['served']:.0f} requests served, "
+                     f"{serving['refused']:.0f} refused, {serving['busy']:.0f} busy (429), "
+                     f"{serving['timed_out']:.0f} timed out; wait mean {serving['wait_s_mean']:.3f} s, "
+                     f"max {serving['wait_s_max']:.3f} s; queue {serving['queue_depth']:.0f}; "
+                     f"{serving['swaps']:.0f} swaps to serve a step the network did not hold")
     if info["failures"] or info["rejected_files"]:
         lines += ["", "failures (evald retry re-queues them)", "  step       state    file / reason"]
         lines += [f"  {f['step']:<10} {f['state']:<8} {f['file']}: {f['reason']}" for f in info["failures"]]
