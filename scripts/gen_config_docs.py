@@ -45,8 +45,10 @@ def table() -> str:
             tables.append(f)
     out = "\n".join(rows) + "\n"
     for f in tables:
+        shorthand = getattr(f.metadata["table"], "SHORTHAND", None)
         title = f"[{f.name}.NAME]" if f.metadata["kind"] == "suites" else f"[{f.name}]"
-        out += f"\n### `{title}` (`{flag_of(f)} JSON`)\n\n| key | default | meaning |\n|---|---|---|\n"
+        spelled = f"`{flag_of(f)} {shorthand.upper()}` or `{flag_of(f)} JSON`" if shorthand else f"`{flag_of(f)} JSON`"
+        out += f"\n### `{title}` ({spelled})\n\n| key | default | meaning |\n|---|---|---|\n"
         for sub in fields(f.metadata["table"]):
             out += f"| `{sub.name}` | `{default_of(sub)}` | {_cell(sub.metadata['help'])} |\n"
     return out

@@ -105,6 +105,8 @@ def sub_run_of(tag: str) -> tuple[str, str]:
     for stream in ("eval", "train"):
         if tag.startswith(stream + "/"):
             return stream, tag[len(stream) + 1:]
+    if tag.startswith("serve/"):  # evald --serve's records: their own sub-run, tags kept whole
+        return "serve", tag
     return ("train" if tag.startswith("health/") else "eval"), tag
 
 

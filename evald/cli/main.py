@@ -76,7 +76,8 @@ def _how(f) -> dict:
     if kind == "plugins":
         return {"action": "append", "metavar": "MODULE:CLASS"}
     if kind == "table":  # repeatable: --tuning '{"watch": "polling"}' --tuning '{"rescan_interval_s": 1}'
-        return {"action": "append", "metavar": "JSON"}
+        shorthand = getattr(f.metadata["table"], "SHORTHAND", None)
+        return {"action": "append", "metavar": f"{shorthand.upper()}|JSON" if shorthand else "JSON"}
     if kind == "choice":
         return {"metavar": "{" + ",".join(f.metadata["choices"]) + "}"}
     return {"metavar": {"table": "JSON", "object": "JSON", "suites": "JSON", "int": "N", "float": "X"}.get(kind, f.name.upper())}

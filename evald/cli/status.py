@@ -59,6 +59,7 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         superseded = sum(len(ledger.superseded(s.step)) for s in steps)
         suite_cells = {name: [{"step": c.step, "state": c.state, "identity": c.identity[:12], "reason": c.reason}
                               for c in ledger.cells(suite=name)] for name in suites}
+        serving = ledger.get_state("serve")   # evald --serve's numbers (evald.daemon.serving), if it served
     finally:
         ledger.close()
     counts = {state: sum(1 for s in steps if s.state == state) for state in STATES}
@@ -90,6 +91,7 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         "suites": {name: {"cells": counts_by_state, "steps": suite_cells[name]}
                    for name, counts_by_state in sorted(suites.items())},
         "superseded_results": superseded,
+        "serving": serving,
     }
 
 
@@ -196,6 +198,13 @@ def render(info: dict[str, Any]) -> str:
     if info.get("superseded_results"):
         lines.append(f"superseded   {info['superseded_results']} earlier result(s) kept, not current "
                      f"(evald status --step N shows them)")
+    serving = info.get("serving")
+    if serving:
+        lines.append(f"serving      {serving.get('url', '-')}: {serving['served']:.0f} requests served, "
+                     f"{serving['refused']:.0f} refused, {serving['busy']:.0f} busy (429), "
+                     f"{serving['timed_out']:.0f} timed out; wait mean {serving['wait_s_mean']:.3f} s, "
+                     f"max {serving['wait_s_max']:.3f} s; queue {serving['queue_depth']:.0f}; "
+                     f"{serving['swaps']:.0f} swaps to serve a step the network did not hold")
     if info["failures"] or info["rejected_files"]:
         lines += ["", "failures (evald retry re-queues them)", "  step       state    file / reason"]
         lines += [f"  {f['step']:<10} {f['state']:<8} {f['file']}: {f['reason']}" for f in info["failures"]]

@@ -9,7 +9,7 @@ May import: contracts.
 
 from __future__ import annotations
 
-from evald.config.options import ANNOUNCED, EvaldConfig, GenerationOptions, TuningOptions, option_fields
+from evald.config.options import ANNOUNCED, EvaldConfig, GenerationOptions, ServeOptions, TuningOptions, option_fields
 from evald.config.resolve import ResolvedConfig, resolve, with_announcement
 from evald.config.schema import ConfigError, default_of, flag_of
 from evald.config.sources import Layer, command_line_layer, environment_layer, toml_layer
@@ -26,5 +26,5 @@ def factory_spec(config: EvaldConfig, which: str) -> FactorySpec | None:
 
 
 __all__ = ["ANNOUNCED", "ConfigError", "DeviceSpec", "EvaldConfig", "GenerationOptions", "Layer",
-           "ResolvedConfig", "TuningOptions", "command_line_layer", "default_of", "environment_layer",
+           "ResolvedConfig", "ServeOptions", "TuningOptions", "command_line_layer", "default_of", "environment_layer",
            "factory_spec", "flag_of", "option_fields", "resolve", "toml_layer", "with_announcement"]

@@ -69,6 +69,56 @@ class GroupOptions:
             raise ValueError(f"node_rank {self.node_rank} must be below nodes {self.nodes}")
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """``--serve HOST:PORT`` / ``[serve]``: the OpenAI-compatible endpoint (docs/serving.md)."""
+
+    SHORTHAND = "listen"  # --serve 127.0.0.1:8000 is {"listen": "127.0.0.1:8000"}
+
+    listen: str | None = opt(None, "HOST:PORT the endpoint listens on (port 0: a free one, written to "
+                             "RUN_DIR/serve.json); off when unset", kind="hostport")
+    token_file: str | None = opt(None, "file holding the bearer token clients must send (mode 0600 or "
+                                 "stricter); required when listening beyond loopback", kind="path")
+    queue_size: int = opt(64, "requests waiting for the network; past it a request gets 429 with "
+                          "Retry-After", kind="int", min=1, max=100000)
+    budget_s: float = opt(0.05, "seconds of queued requests run between two evaluation batches (and per "
+                          "loop turn); at least one request runs, so evaluations keep their pace",
+                          kind="float", min=0.0, max=60.0)
+    max_body_bytes: int = opt(1 << 20, "largest request body; a larger one gets 413", kind="int", min=1024,
+                              max=1 << 30)
+    max_prompt_tokens: int = opt(4096, "longest prompt in tokens (the model's own window bounds it too)",
+                                 kind="int", min=1, max=1 << 20)
+    max_prompts: int = opt(32, "prompts in one request (a list)", kind="int", min=1, max=4096)
+    max_tokens: int = opt(256, "largest max_tokens a request may ask for", kind="int", min=0, max=65536)
+    max_n: int = opt(4, "largest n (choices per prompt)", kind="int", min=1, max=128)
+    batch_size: int = opt(8, "rows of each forward pass of served requests", kind="int", min=1, max=4096)
+    sample_top_k: int = opt(40, "temperature > 0 samples among this many most likely tokens (then top_p)",
+                            kind="int", min=5, max=1024)
+    request_timeout_s: float = opt(120.0, "a request not answered by then gets 503 (it waited behind "
+                                   "evaluations or other requests)", kind="float", min=0.1, max=86400)
+    header_timeout_s: float = opt(10.0, "a connection that has not sent a whole request (headers) or body by "
+                                  "then is closed (slowloris)", kind="float", min=0.1, max=3600)
+    keep_alive_s: int = opt(5, "idle keep-alive connections are closed after this many seconds (uvicorn's "
+                            "timeout_keep_alive)", kind="int", min=1, max=3600)
+    limit_concurrency: int = opt(256, "open connections and requests at once; beyond, 503 (uvicorn's "
+                                 "limit_concurrency)", kind="int", min=1, max=100000)
+    report_every_s: float = opt(10.0, "seconds between serve/* TensorBoard points (one ledger transaction "
+                                "each)", kind="float", min=0.1, max=86400)
+
+    def __post_init__(self) -> None:
+        host = self.listen.rpartition(":")[0].strip("[]") if self.listen else None
+        if host is not None and host not in LOOPBACK_HOSTS and not self.token_file:
+            raise ValueError(f"listen {self.listen!r} is beyond loopback: set serve.token_file (a 0600 file "
+                             f"holding the bearer token clients must send), or listen on 127.0.0.1")
+
+    @property
+    def enabled(self) -> bool:
+        return self.listen is not None
+
+
 @dataclass(frozen=True)
 class SuiteOptions:
     """One benchmark suite, ``[suites.NAME]`` (docs/benchmarks.md)."""
@@ -189,6 +239,9 @@ class EvaldConfig:
     foreign_steps_per_epoch: int | None = opt(None, "steps per epoch, to turn ModelCheckpoint names "
                                               "PREFIX-E_S.ckpt into global steps (MindFormers' are found in its "
                                               "full checkpoints)", kind="int", min=1)
+    serve: ServeOptions = opt(None, "serve the checkpoint in the network over an OpenAI-compatible HTTP API: "
+                              "HOST:PORT, or the [serve] table (docs/serving.md)", kind="table",
+                              table=ServeOptions, factory=ServeOptions)
     serve_forever: bool = opt(False, "keep running after the run has finished", kind="bool")
     idle_exit_s: float | None = opt(None, "exit after this many seconds with nothing to do: 0 if all is "
                                     "done, 3 if checkpoints are still waiting (default: never)",

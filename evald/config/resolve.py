@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from evald.config.options import ANNOUNCED, EvaldConfig, option_fields
-from evald.config.schema import ConfigError, as_object, build_table, coerce
+from evald.config.schema import ConfigError, as_object, build_table, coerce, table_object
 from evald.config.sources import Layer, app_dir_exists, check_place
 
 DEFAULT = "default"
@@ -43,7 +43,7 @@ def resolve(layers: list[Layer]) -> ResolvedConfig:
             f, key = by_name[name], layer.keys[name]
             if f.metadata["kind"] == "table" and name in values:
                 # A table from a stronger source updates the weaker one key by key.
-                raw_table = as_object(f, raw, layer.source, key)
+                raw_table = table_object(f, raw, layer.source, key)
                 values[name] = build_table(f.metadata["table"], raw_table, layer.source, key, values[name])
             else:
                 values[name] = coerce(f, raw, layer.source, key)

@@ -163,11 +163,20 @@ def as_object(f, value, source, key):
     return dict(value)
 
 
+def table_object(f: Field, value: Any, source: str, key: str) -> dict:
+    """A table's raw keys: a JSON object / TOML table, or (for a table with a ``SHORTHAND`` key, such as
+    ``--serve 127.0.0.1:8000``) a plain string that is that key's value."""
+    shorthand = getattr(f.metadata["table"], "SHORTHAND", None)
+    if shorthand and isinstance(value, str) and not value.lstrip().startswith("{"):
+        return {shorthand: value}
+    return as_object(f, value, source, key)
+
+
 def _table(f, value, source, key):
     table_cls = f.metadata["table"]
     if is_dataclass(value) and isinstance(value, table_cls):
         return value
-    raw = as_object(f, value, source, key)
+    raw = table_object(f, value, source, key)
     return build_table(table_cls, raw, source, key)
 
 
@@ -278,6 +287,18 @@ def _endpoint(f, value, source, key):
     return text
 
 
+def _hostport(f, value, source, key):
+    """HOST:PORT (``[::1]:8000`` for IPv6); port 0 asks for a free one."""
+    text = _str(f, value, source, key).strip()
+    host, colon, port = text.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not colon or not re.match(r"^\d{1,5}$", port) or int(port) > 65535 or not re.match(
+            r"^([A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:]+)$", bare or "-") or (":" in bare and bare == host):
+        raise ConfigError(source, key, f"expected HOST:PORT such as 127.0.0.1:8000 ([::1]:8000 for IPv6; port 0 "
+                                       f"for a free one), got {text!r}")
+    return text
+
+
 def _name(f, value, source, key):
     text = _str(f, value, source, key)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,127}", text):
@@ -330,6 +351,6 @@ def _suites(f, value, source, key):
 _KINDS: dict[str, Callable[[Field, Any, str, str], Any]] = {
     "int": _int, "float": _float, "str": _str, "bool": _bool, "choice": _choice, "factory": _factory,
     "object": as_object, "table": _table, "plugins": _plugins, "device": _device, "cpus": _cpus,
-    "endpoint": _endpoint, "path": _str, "delta": _delta, "name": _name, "modules": _modules,
+    "endpoint": _endpoint, "hostport": _hostport, "path": _str, "delta": _delta, "name": _name, "modules": _modules,
     "strings": _strings, "paths": _paths, "suites": _suites,
 }

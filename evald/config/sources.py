@@ -69,18 +69,22 @@ def command_line_layer(parsed: Mapping[str, Any]) -> Layer:
         if value is None or name not in by_name:
             continue
         if by_name[name].metadata["kind"] == "table":
-            value = _merged_tables(value, flag_of(by_name[name]))
+            value = _merged_tables(value, flag_of(by_name[name]), getattr(by_name[name].metadata["table"], "SHORTHAND", None))
         values[name] = value
         keys[name] = "--metric-plugin" if name == "metric_plugins" else flag_of(by_name[name])
     return Layer("command line", values, keys)
 
 
-def _merged_tables(texts: list[str], flag: str) -> dict:
-    """A table flag given several times: the JSON objects merged key by key, the last one winning."""
+def _merged_tables(texts: list[str], flag: str, shorthand: str | None = None) -> dict:
+    """A table flag given several times: the JSON objects merged key by key, the last one winning.
+    A table with a ``SHORTHAND`` key also takes a plain value for it (``--serve 127.0.0.1:8000``)."""
     import json
 
     merged: dict = {}
     for text in texts:
+        if shorthand and not text.lstrip().startswith("{"):
+            merged[shorthand] = text
+            continue
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:

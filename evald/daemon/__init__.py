@@ -9,6 +9,8 @@
 - ``run_dir.py``, ``private_files.py``: where a run's state lives, and that it stays private
 - ``eval_group.py``: several devices: evald started under msrun, one process per device
 - ``logs.py``: log lines for people or for log shippers
+- ``serving.py``: ``--serve``: the HTTP endpoint (evald.serve) started, fed the network, its jobs run
+  between evaluation batches and between evaluations
 
-May import: config, contracts, ledger, files, pipeline, decisions, intake, sinks.
+May import: config, contracts, ledger, files, pipeline, decisions, intake, sinks, serve.
 """

@@ -43,6 +43,7 @@ from evald.daemon import private_files
 from evald.daemon.locks import InUse, Lock, directory_lock_path
 from evald.daemon.run import Run
 from evald.daemon.run_dir import RunDirError, open_run
+from evald.daemon.serving import WAKE, Serving
 from evald.daemon.turn import SystemicFailure
 from evald.intake import trust
 from evald.intake.receiver import ZMQ, ZMQ_UNTRUSTED, Receiver
@@ -51,6 +52,7 @@ from evald.ledger.ledger import LedgerVersionError
 from evald.pipeline.group_protocol import Group
 from evald.pipeline.pipeline import EvaluationPipeline, Pipeline
 from evald.pipeline.tasks.base import EvaluationInterrupted
+from evald.serve.http_thread import ServeError
 from evald.sinks.control import ControlPublisher
 
 log = logging.getLogger("evald")
@@ -84,6 +86,7 @@ class Server:
         self.receiver: Receiver | None = None
         self.control: ControlPublisher | None = None
         self.locks: list[Lock] = []
+        self.serving: Serving | None = None   # --serve: the HTTP endpoint (evald.daemon.serving)
         self._last_activity = time.monotonic()
         self._said_exiting = False
         self._worked = True    # the last turn evaluated or skipped something (the first turn looks at once)
@@ -97,7 +100,7 @@ class Server:
             while self.on_tick():
                 pass
         except (InUse, RunDirError, SecurityError, LedgerVersionError, outside_paths.OutsidePathError,
-                SocketDirError) as exc:
+                SocketDirError, ServeError) as exc:
             log.error("%s", exc)
             self.exit_code = 2
         except (CannotEvaluate, SystemicFailure, BackgroundThreadDied) as exc:
@@ -117,6 +120,9 @@ class Server:
             bound = channels.bind(self.config, self.events)
             self.receiver, self.control = bound.receiver, bound.control
             self.locks += bound.locks
+        if self.config.serve.enabled:
+            self.serving = Serving(self.config, self.pipeline, self.events)
+            self.serving.start()
         if self.resolved.set_by_operator("model_factory") and self.resolved.set_by_operator("data_factory"):
             if not self.pipeline.ensure_built(self.config):  # compile now, not at the first checkpoint
                 raise CannotEvaluate(f"{self.pipeline.blocked_reason}; fix the configuration and start again")
@@ -141,12 +147,16 @@ class Server:
                        events=self.events, pipeline=self.pipeline, disk=self.disk)
         log.info("TensorBoard run %r in %s: view it with  tensorboard --logdir %s", run.name, run.logdir, run.logdir)
         self.run.prepare()
+        if self.serving is not None:
+            self.serving.attach(run.name, run.path, ckpt_dir, self.run.ledger)
 
     def _should_abort(self) -> bool:
         """Checked between batches: says once that a signal came, and whether to abandon; meanwhile
         the control state (with its retention leases, evald.sinks.leases) keeps being re-published."""
         if self.control is not None and self.run is not None:
             self.control.tick()
+        if self.serving is not None and not self.force_exit:
+            self.serving.between_batches()  # a few queued requests on the checkpoint under evaluation
         if self.should_exit and not self._said_exiting:
             self._said_exiting = True
             log.warning("signal received: finishing this evaluation, then exiting (a second signal abandons it)")
@@ -159,9 +169,12 @@ class Server:
         self._check_threads()
         if self.group is not None:
             self.group.heartbeat()  # idle ranks wait in a collective, which times out
-        self._drain_events(timeout=0.0 if self._worked else IDLE_WAIT_S)  # busy: straight on to the next step
+        busy = self._worked or (self.serving is not None and self.serving.pending())
+        self._drain_events(timeout=0.0 if busy else IDLE_WAIT_S)  # busy: straight on to the next step
         self._worked = False
         self._attach_when_created()
+        if self.serving is not None and not self.should_exit:
+            self.serving.on_tick()  # between evaluations: queued requests, swapping a pinned step in
         if self.run is None or self.should_exit:
             return not self.should_exit
         self.run.tick()
@@ -178,7 +191,8 @@ class Server:
     def _check_threads(self) -> None:
         """Orbax's rule: a background thread's death is raised in the main loop, never left silent."""
         threads = [("the notification receiver", self.receiver),
-                   ("the checkpoint directory watcher", self.run and self.run.discovery)]
+                   ("the checkpoint directory watcher", self.run and self.run.discovery),
+                   ("the HTTP endpoint (--serve)", self.serving and self.serving.http)]
         for what, owner in threads:
             if owner is not None and not owner.is_alive():
                 reason = owner.failure() or "it stopped"
@@ -197,13 +211,15 @@ class Server:
             return
         for handled in range(1, EVENTS_PER_TURN + 1):
             source, payload = item
-            if (self.run is None and not self.config.ckpt_dir and source in (ZMQ, ZMQ_UNTRUSTED)
+            if source == WAKE:
+                pass  # a request arrived: this turn serves it
+            elif (self.run is None and not self.config.ckpt_dir and source in (ZMQ, ZMQ_UNTRUSTED)
                     and getattr(payload, "ckpt_dir", None)):
                 # The first trusted notification names the directory; an untrusted one is refused, with why.
                 origin = trust.of_message(self.receiver, peer_trusted=source == ZMQ)
                 if trust.may_attach(origin, payload.ckpt_dir, payload.TYPE):
                     self._attach_for(payload)
-            if self.run is not None and self.run.handle(source, payload):
+            if source != WAKE and self.run is not None and self.run.handle(source, payload):
                 self._last_activity = time.monotonic()
             if handled == EVENTS_PER_TURN:
                 return  # the sinks, the work and the signal flags get their turn; the rest waits in the queue
@@ -249,7 +265,7 @@ class Server:
         self._should_abort()
         if self.receiver is not None:
             log.info("notification channel: %s", self.receiver.stats())
-        closers = [("run", self.run and self.run.close), ("receiver", self.receiver and self.receiver.close),
+        closers = [("HTTP endpoint", self.serving and self.serving.close), ("run", self.run and self.run.close), ("receiver", self.receiver and self.receiver.close),
                    ("control", self.control and self.control.close), ("group", self.group and self.group.close)]
         for name, closer in closers:
             try:

@@ -104,7 +104,7 @@ class GroupEvaluator:
     def network(self) -> Any:
         return self.local.network  # type: ignore[union-attr]
 
-    def swap_in(self, path: Path, kind: str) -> dict[str, Any]:
+    def load_only(self, path: Path, kind: str, step: int | None = None) -> dict[str, Any]:
         """Every rank loads and proves ``path``; rank 0's provenance. CheckpointError as on one device."""
         self.group.command(SWAP, {"path": str(path), "kind": kind})
         statuses, error, provenance = swap_share(self.local, self.group, str(path), kind)
@@ -140,7 +140,7 @@ def swap_share(evaluator: Evaluator | None, group: Group, path: str, kind: str
     try:
         if evaluator is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        provenance = evaluator.swap_in(Path(path), kind)
+        provenance = evaluator.load_only(Path(path), kind)
     except Exception as exc:  # noqa: BLE001 - every rank must answer
         code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
         text, error = str(exc), exc

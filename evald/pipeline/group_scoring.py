@@ -6,7 +6,7 @@ is one command to the group (evald.pipeline.group_protocol) carrying every reque
 every n-th request (n: the ranks a suite's ``device`` names, all by default), runs them on its own TokenScorer (same network, same weights,
 same buckets), and the answer sums each rank's rows of full-size arrays, zeros elsewhere. A
 request's numbers do not depend on which rows share its batch (tests/unit/pipeline/test_scoring.py),
-so the result is the one a single device gives. ``swap`` (GroupEvaluator.swap_in) loads a step's
+so the result is the one a single device gives. ``swap`` (GroupEvaluator.load_only) loads a step's
 weights on every rank, for cells of a step other than the one just validated.
 
 Generation on a group ignores the adapter's stop callables and runs each row to EOS or

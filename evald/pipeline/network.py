@@ -45,6 +45,15 @@ class EvalResult:
 
 
 @dataclass(frozen=True)
+class Held:
+    """The checkpoint whose weights the network holds, its swap proven: what served answers name."""
+
+    step: int
+    digest: str        # the weights' sha256 (provenance ``weights_sha256``)
+    path: Path
+
+
+@dataclass(frozen=True)
 class PartResult:
     """One eval-group rank's share of an evaluation (evald.pipeline.group_evaluator)."""
 
@@ -92,6 +101,7 @@ class Evaluator:
         self.weights = NetworkWeights(self.network)
         self.verify_swap, self.config_identity = verify_swap, dict(config_identity or {})
         self.generation = generation
+        self.held: Held | None = None   # None while a swap is under way or after one failed
         if generation is not None:
             generation.prepare(self.network, dataset, indices, part=part)
         sample = self.task.outputs(self.cell, self.batches[:1])  # compile now, not at the first checkpoint
@@ -103,14 +113,25 @@ class Evaluator:
                  len(self.weights.specs), "read in place" if self.weights.in_place else "set_data",
                  self.subset.describe())
 
-    def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> EvalResult:
-        """Swap in the checkpoint at ``path`` and evaluate it; CheckpointError if it is bad."""
+    def swap_in(self, path: Path, kind: str, step: int | None = None) -> tuple[dict[str, Any], float, float]:
+        """Swap in the checkpoint at ``path`` and prove it: (provenance, load seconds, verify seconds).
+        ``held`` names it afterwards (``step``, else the manifest's); None while the swap is under way."""
+        self.held = None
         started = time.time()
         source = load_into(self.weights, path, kind)
         if not self.weights.valid:  # never evaluate a network that holds two checkpoints' weights
             raise CheckpointError(f"{path.name}: the swap did not complete")
         loaded = time.time()
         provenance = self._check_swap(path, source)
+        if step is None:
+            step = source.step if isinstance(source, layout.Manifest) else 0
+        self.held = Held(int(step), str(provenance["weights_sha256"]), path)
+        return provenance, loaded - started, time.time() - loaded
+
+    def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never, step: int | None = None
+                 ) -> EvalResult:
+        """Swap in the checkpoint at ``path`` and evaluate it; CheckpointError if it is bad."""
+        provenance, load_s, verify_s = self.swap_in(path, kind, step)
         verified = time.time()
         metrics = self.task.evaluate(self.cell, self.batches, should_abort)
         texts: dict[str, str] = {}
@@ -118,25 +139,16 @@ class Evaluator:
             gen_metrics, gen_texts = self.generation.run(should_abort)
             metrics.update(gen_metrics)
             texts.update(gen_texts)
-        return EvalResult(metrics, texts, loaded - started, time.time() - verified, verified - loaded, provenance)
+        return EvalResult(metrics, texts, load_s, time.time() - verified, verify_s, provenance)
 
-    def swap_in(self, path: Path, kind: str) -> dict[str, Any]:
+    def load_only(self, path: Path, kind: str, step: int | None = None) -> dict[str, Any]:
         """Only load and prove the checkpoint at ``path`` (for a benchmark suite of a step whose
         validation was done earlier); its provenance. CheckpointError if it is bad."""
-        source = load_into(self.weights, path, kind)
-        if not self.weights.valid:
-            raise CheckpointError(f"{path.name}: the swap did not complete")
-        return self._check_swap(path, source)
+        return self.swap_in(path, kind, step)[0]
 
     def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> PartResult:
         """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows."""
-        started = time.time()
-        source = load_into(self.weights, path, kind)
-        if not self.weights.valid:
-            raise CheckpointError(f"{path.name}: the swap did not complete")
-        loaded = time.time()
-        provenance = self._check_swap(path, source)  # every rank proves its own swap
-        verified = time.time()
+        provenance, load_s, verify_s = self.swap_in(path, kind)  # every rank proves its own swap
         full = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()}
         if self.part_batches:
             for name, values in self.task.outputs(self.cell, self.part_batches, should_abort).items():
@@ -144,7 +156,7 @@ class Evaluator:
         if self.generation is not None:
             for name, values in self.generation.outputs(should_abort).items():
                 full[f"gen/{name}"][self.generation.local_rows] = values
-        return PartResult(full, loaded - started, verified - loaded, provenance)
+        return PartResult(full, load_s, verify_s, provenance)
 
     def metrics_of(self, full: dict[str, np.ndarray]) -> tuple[dict[str, float], dict[str, str]]:
         """Metrics and texts from the whole subset's arrays, exactly as ``evaluate`` computes them."""

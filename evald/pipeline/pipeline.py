@@ -18,7 +18,7 @@ the step, or fails it after tuning.max_attempts interruptions.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol, Union
 
@@ -28,7 +28,7 @@ from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.ledger.ledger import DELETED, FAILED, Step
 from evald.pipeline.factories import check_allowed
 from evald.pipeline.group_protocol import Group
-from evald.pipeline.network import EvalResult, Evaluator
+from evald.pipeline.network import EvalResult, Evaluator, Held
 from evald.pipeline.provenance import EvaluationSpec
 from evald.pipeline.subset import SubsetInfo
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort
@@ -108,6 +108,33 @@ class Pipeline:
         self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
         self._suites_for: Any = None              # what the suites were built for
         self.loaded_step: int | None = None       # the step whose weights the network holds, if proven
+        self._named: tuple[Path, int] | None = None   # the path last swapped in, and its ledger step
+
+    # -- what the HTTP endpoint serves from (evald.serve; the daemon calls these between jobs) ---------
+    @property
+    def network(self) -> Any:
+        """This process's compiled network (rank 0's in an eval group), or None before one is built."""
+        local = getattr(self.evaluator, "local", self.evaluator)
+        return local.network if local is not None else None
+
+    def held(self) -> Held | None:
+        """The checkpoint the network holds now, its swap proven, with its ledger step; None mid-swap."""
+        local = getattr(self.evaluator, "local", self.evaluator)
+        held = local.held if local is not None else None
+        if held is not None and self._named is not None and self._named[0] == held.path:
+            return replace(held, step=self._named[1])
+        return held
+
+    def swap_in(self, ckpt_dir: Path, row: Step) -> Held:
+        """Swap ``row``'s checkpoint into this process's network, proven, without evaluating it (a pinned
+        request, between evaluations; the next evaluation swaps its own checkpoint in as always)."""
+        local = getattr(self.evaluator, "local", self.evaluator)
+        if local is None:
+            raise RuntimeError("no evaluation network is built yet")
+        self._named, self.loaded_step = (ckpt_dir / row.source, row.step), None
+        local.swap_in(ckpt_dir / row.source, row.kind, row.step)
+        self.loaded_step = row.step   # a suite of this step need not swap it in again
+        return self.held()  # type: ignore[return-value]
 
     @property
     def subset(self) -> SubsetInfo | None:
@@ -204,7 +231,7 @@ class Pipeline:
             if self.loaded_step != row.step:
                 self.loaded_step = None
                 started = time.time()
-                provenance = self.evaluator.swap_in(ckpt_dir / row.source, row.kind)
+                provenance = self.evaluator.load_only(ckpt_dir / row.source, row.kind, row.step)
                 self.loaded_step, load_s = row.step, time.time() - started
             result = self.suites[name].run()
         except EvaluationInterrupted:
@@ -254,6 +281,7 @@ class Pipeline:
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome:
         assert self.evaluator is not None, "ensure_built() first"
         self.loaded_step = None
+        self._named = (ckpt_dir / row.source, row.step)
         try:
             result = self.evaluator.evaluate(ckpt_dir / row.source, row.kind, should_abort=self.should_abort)
         except EvaluationInterrupted:

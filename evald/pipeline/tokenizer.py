@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 from evald.contracts.wire import FactorySpec
 from evald.pipeline.factories import call_factory
@@ -56,6 +56,7 @@ class ByteTokenizer:
     """UTF-8 bytes as token ids (the demo's byte-level GPT). EOS defaults to NUL, which text never holds."""
 
     eos_id: int = 0
+    vocab_size: ClassVar[int] = 256   # token ids a client may send (evald.serve checks them)
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -79,6 +80,13 @@ class HFTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.inner.decode([int(i) for i in ids]))
+
+    @property
+    def vocab_size(self) -> int | None:
+        if hasattr(self.inner, "__len__"):  # Hugging Face: len() counts the added tokens, vocab_size does not
+            return len(self.inner)
+        size = getattr(self.inner, "vocab_size", None)
+        return size if isinstance(size, int) else None
 
 
 def adapt(obj: Any, where: str = "the tokenizer factory") -> Tokenizer:

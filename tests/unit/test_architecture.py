@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("cli", "config", "contracts", "daemon", "decisions", "files", "intake", "ledger", "pipeline", "sinks")
+STAGES = ("cli", "config", "contracts", "daemon", "decisions", "files", "intake", "ledger", "pipeline", "serve", "sinks")
 
 
 def _modules() -> dict[str, Path]:

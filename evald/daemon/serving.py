@@ -1,0 +1,192 @@
+"""Wire the HTTP endpoint (evald.serve) into evald's loop: start it, feed it the network, run its jobs.
+
+``Serving`` is built by the Server at start-up when ``--serve`` / ``[serve] listen`` is set: it reads the
+bearer token (refusing a token file others can read), binds the address and starts uvicorn's thread.
+Then, on evald's main thread:
+
+* ``between_batches()`` (from the pipeline's ``should_abort``, between two evaluation batches) runs
+  queued jobs for the step under evaluation for at most ``serve.budget_s``, never swapping;
+* ``on_tick()`` (each loop turn) builds the scorer once the network exists (its buckets compiled
+  at once), refreshes the servable steps (evaluated and still on disk), runs queued jobs for at most
+  ``serve.budget_s`` (swapping in a pinned or the newest step if needed), and writes a ``serve/*``
+  TensorBoard record and ``evald status``'s numbers every ``serve.report_every_s`` (one ledger
+  transaction each, never one per request).
+
+Eval group: requests run on rank 0's network (the Pipeline's ``network``), the other ranks are not
+involved; an evaluation's batches on rank 0 wait at most ``serve.budget_s`` for them.
+
+May import: config, ledger, pipeline, serve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from evald.config import EvaldConfig
+from evald.ledger.ledger import EVALUATED, Ledger, Record
+from evald.pipeline.scoring import TokenScorer
+from evald.pipeline.tokenizer import Tokenizer, build_tokenizer
+from evald.serve.app import Context, build_app
+from evald.serve.http_thread import HttpThread, ServeError
+from evald.serve.jobs import JobQueue, ServeStats
+from evald.serve.requests import MAX_LOGPROBS
+from evald.serve.schedule import Runner, describe
+from evald.serve.token import TokenFileError, read_token
+
+log = logging.getLogger("evald.serve")
+WAKE = "serve-wake"         # the event-queue item a new request puts there, so an idle loop turns at once
+SERVE_STATE = "serve"       # ledger key of the numbers `evald status` shows
+SERVE_FILE = "serve.json"   # RUN_DIR/serve.json: the URL (with the port evald got for port 0)
+STEPS_REFRESH_S = 0.5
+
+
+def tokenizer_of(config: EvaldConfig) -> Tokenizer:
+    """The tokenizer factory's tokenizer where the configuration has one (--tokenizer-factory), else bytes."""
+    from evald.config import factory_spec
+
+    spec = factory_spec(config, "tokenizer") if hasattr(config, "tokenizer_factory") else None
+    return build_tokenizer(spec)
+
+
+class Serving:
+    def __init__(self, config: EvaldConfig, pipeline: Any, events: "queue.Queue[tuple[str, Any]]") -> None:
+        options = config.serve
+        self.options, self.pipeline = options, pipeline
+        try:
+            token = read_token(options.token_file) if options.token_file else None
+        except TokenFileError as exc:
+            raise ServeError(str(exc)) from None
+        self.tokenizer = tokenizer_of(config)
+
+        self._woken = threading.Event()
+
+        def wake() -> None:  # one wake-up item at a time, however many requests arrive
+            if self._woken.is_set():
+                return
+            self._woken.set()
+            try:
+                events.put_nowait((WAKE, None))
+            except queue.Full:
+                pass
+
+        self.queue = JobQueue(options.queue_size, wake)
+        self.stats = ServeStats()
+        self.scorer: TokenScorer | None = None
+        self._scored_network: Any = None
+        self.ledger: Ledger | None = None
+        self.ckpt_dir: Path | None = None
+        self._steps: tuple[int, ...] = ()
+        self._steps_at = 0.0
+        self.runner = Runner(self.queue, self.stats, run="evald", tokenizer=self.tokenizer,
+                             scorer=lambda: self.scorer, held=self._held, swap=self._swap,
+                             servable=lambda: self._steps)
+        self.context = Context(options, self.tokenizer, self.queue, self.stats, self.runner, token=token)
+        host, _, port = options.listen.rpartition(":")
+        self.http = HttpThread(build_app(self.context), host.strip("[]"), int(port),
+                               keep_alive_s=options.keep_alive_s, limit_concurrency=options.limit_concurrency,
+                               header_timeout_s=options.header_timeout_s)
+        self._seq = 0
+        self._reported_at = time.monotonic()
+        self._reported: dict[str, float] | None = None
+
+    def start(self) -> None:
+        self.http.start()
+
+    def attach(self, run_name: str, run_dir: Path, ckpt_dir: Path, ledger: Ledger) -> None:
+        self.runner.run_name, self.ledger, self.ckpt_dir = run_name, ledger, ckpt_dir
+        state = ledger.get_state(SERVE_STATE, {}) or {}
+        self._seq = int(state.get("seq", 0))
+        path = run_dir / SERVE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": self.http.url, "pid": os.getpid(), "model": f"{run_name}@latest"}))
+        os.replace(tmp, path)
+        log.info("serving run %r at %s/v1 (model %s@latest or %s@STEP)", run_name, self.http.url, run_name, run_name)
+
+    # -- what the runner needs --------------------------------------------------------------------
+    def _held(self) -> Any:
+        return self.pipeline.held() if hasattr(self.pipeline, "held") else None
+
+    def _swap(self, step: int) -> Any:
+        assert self.ledger is not None and self.ckpt_dir is not None
+        row = self.ledger.step(step)
+        if row is None or row.state != EVALUATED:
+            raise ValueError(f"step {step} is not an evaluated step of this run")
+        return self.pipeline.swap_in(self.ckpt_dir, row)
+
+    def _refresh_steps(self, force: bool = False) -> None:
+        if self.ledger is None or self.ckpt_dir is None:
+            return
+        now = time.monotonic()
+        if force or now - self._steps_at >= STEPS_REFRESH_S:
+            self._steps_at = now
+            self._steps = tuple(row.step for row in self.ledger.steps(EVALUATED)
+                                if (self.ckpt_dir / row.source).exists())
+
+    def _ensure_scorer(self) -> None:
+        network = getattr(self.pipeline, "network", None)
+        if network is None or network is self._scored_network:
+            return
+        started = time.monotonic()
+        self.scorer = TokenScorer(network, batch_size=self.options.batch_size,
+                                  top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
+        self.scorer.warm_up(generate=False)  # every bucket compiled now, never at a request or a swap
+        self._scored_network = network
+        self.context.window = self.scorer.max_length
+        log.info("serving: %d graphs compiled in %.1fs (buckets %s)", self.scorer.compiled_graphs,
+                 time.monotonic() - started, list(self.scorer.lengths))
+
+    # -- the loop's calls ----------------------------------------------------------------------------
+    def pending(self) -> bool:
+        return self.queue.pending()
+
+    def between_batches(self) -> None:
+        if self.scorer is None or not self.queue.pending():
+            return
+        started = time.monotonic()
+        self.runner.run(self.options.budget_s, may_swap=False)
+        self.stats.between_batches(time.monotonic() - started)
+
+    def on_tick(self) -> None:
+        self._woken.clear()
+        self._ensure_scorer()
+        self._refresh_steps(force=self.queue.pending())
+        if self.scorer is not None:
+            self.runner.run(self.options.budget_s, may_swap=True)
+        self.runner.publish()
+        self.report()
+
+    def report(self, force: bool = False) -> None:
+        """One serve/* record (and the status numbers) every report_every_s, when something changed."""
+        if self.ledger is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._reported_at < self.options.report_every_s:
+            return
+        self._reported_at = now
+        snap = self.stats.snapshot(self.queue.depth())
+        if snap == self._reported:
+            return
+        self._reported = snap
+        self._seq += 1
+        record = Record("serve", self._seq, time.time(), {f"serve/{k}": v for k, v in snap.items()}, {})
+        self.ledger.add_records([record], kv={SERVE_STATE: dict(snap, seq=self._seq, url=self.http.url,
+                                                                at=time.time())})
+
+    def check_alive(self) -> str | None:
+        """None, or why the HTTP thread is dead."""
+        return None if self.http.is_alive() else (self.http.failure() or "it stopped")
+
+    def close(self) -> None:
+        self.http.stop()
+        log.info("serving: %s", describe(self.stats.snapshot(self.queue.depth())))
+        try:
+            self.report(force=True)
+        except Exception:  # noqa: BLE001 - the ledger may be closed already
+            log.debug("the last serve/* record was not written", exc_info=True)

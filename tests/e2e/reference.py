@@ -1,0 +1,66 @@
+"""In-process references for the served answers: a checkpoint's weights in a fresh demo network, scored
+in PyNative with the exact, unpadded sequence (independent of evald's TokenScorer, buckets and HTTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def network_at(ckpt_dir: Path, step: int):
+    """The demo model holding step ``step``'s weights, read by evald's verified loader."""
+    import mindspore as ms
+
+    from evald.contracts import layout
+    from evald.pipeline.hot_swap import NetworkWeights
+    from examples.tiny_lm.model import build_model
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = build_model(seq_len=64)
+    net.set_train(False)
+    step_dir = ckpt_dir / layout.step_dir_name(step)
+    NetworkWeights(net).load(step_dir, layout.read_manifest(step_dir))
+    return net
+
+
+def logprobs(net, tokens: list[int]) -> np.ndarray:
+    """log p(tokens[i] | tokens[:i]) for i >= 1, float32 as MindSpore computes it."""
+    import mindspore as ms
+
+    logits = net(ms.Tensor(np.asarray([tokens[:-1]], np.int32)))
+    logp = ms.ops.log_softmax(logits.astype(ms.float32), -1).asnumpy()[0]
+    return logp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])]
+
+
+def reference_lm(net):
+    """lm-eval's TemplateLM over ``net`` (byte tokens, EOS 0 as prefix): lm-eval's own request handling."""
+    from lm_eval.api.model import TemplateLM
+
+    class PyNativeLM(TemplateLM):
+        @property
+        def eot_token_id(self) -> int:
+            return 0
+
+        @property
+        def max_length(self) -> int:
+            return 64
+
+        def tok_encode(self, string, **kwargs):
+            return list(string.encode("utf-8"))
+
+        def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
+            out = []
+            for _, context, continuation in requests:
+                whole = (list(context) + list(continuation))[-65:]
+                values = logprobs(net, whole)[-len(continuation):]
+                out.append((float(np.sum(values, dtype=np.float64)), False))
+            return out
+
+        def loglikelihood_rolling(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+        def generate_until(self, requests, disable_tqdm=False):
+            raise NotImplementedError
+
+    return PyNativeLM()

@@ -1,0 +1,88 @@
+"""A served network in one process: the real TokenScorer, Runner, Starlette app and uvicorn thread.
+
+The weights are in-memory snapshots put into the real network's parameter memory with
+``NetworkWeights.assign`` (the same in-place path a hot swap takes), which lets a unit test swap
+hundreds of times; the e2e tests (tests/e2e/test_serve.py) swap real checkpoint files in evald.
+``Rig.loop`` is what evald's main thread does: run queued jobs, and swap between them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from evald.config import ServeOptions
+from evald.pipeline.hot_swap import NetworkWeights
+from evald.pipeline.network import Held
+from evald.pipeline.scoring import TokenScorer
+from evald.pipeline.tokenizer import ByteTokenizer
+from evald.serve.app import Context, build_app
+from evald.serve.http_thread import HttpThread
+from evald.serve.jobs import JobQueue, ServeStats
+from evald.serve.schedule import Runner
+
+
+def snapshot(network, seed: int) -> dict[str, np.ndarray]:
+    """The network's weights, each perturbed by a seeded noise: one 'checkpoint'."""
+    rng = np.random.default_rng(seed)
+    return {name: (p.asnumpy() + rng.normal(0, 0.02, p.shape).astype(p.asnumpy().dtype))
+            for name, p in network.parameters_and_names()}
+
+
+def digest_of(weights: dict[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(weights):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(weights[name]).tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Rig:
+    network: object
+    options: ServeOptions
+    snapshots: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    run: str = "unit"
+
+    def __post_init__(self) -> None:
+        self.weights = NetworkWeights(self.network)
+        self.tokenizer = ByteTokenizer()
+        self.scorer = TokenScorer(self.network, batch_size=self.options.batch_size, top_k=self.options.sample_top_k)
+        self.scorer.warm_up(generate=False)
+        self.digests = {step: digest_of(w) for step, w in self.snapshots.items()}
+        self._held: Held | None = None
+        self.swaps = 0
+        self.woken = threading.Event()
+        self.queue = JobQueue(self.options.queue_size, self.woken.set)
+        self.stats = ServeStats()
+        self.runner = Runner(self.queue, self.stats, run=self.run, tokenizer=self.tokenizer,
+                             scorer=lambda: self.scorer, held=lambda: self._held, swap=self.swap,
+                             servable=lambda: tuple(sorted(self.snapshots)))
+        self.context = Context(self.options, self.tokenizer, self.queue, self.stats, self.runner,
+                               window=self.scorer.max_length)
+        self.http = HttpThread(build_app(self.context), "127.0.0.1", 0, keep_alive_s=self.options.keep_alive_s,
+                               limit_concurrency=self.options.limit_concurrency,
+                               header_timeout_s=self.options.header_timeout_s)
+        self.http.start()
+
+    @property
+    def url(self) -> str:
+        return self.http.url
+
+    def swap(self, step: int) -> Held:
+        self._held = None
+        self.weights.assign({k: v.copy() for k, v in self.snapshots[step].items()})
+        self._held = Held(step, self.digests[step], Path(f"step_{step}"))
+        self.swaps += 1
+        return self._held
+
+    def serve(self, may_swap: bool = True, budget_s: float = 0.05) -> int:
+        self.runner.publish()
+        return self.runner.run(budget_s, may_swap)
+
+    def close(self) -> None:
+        self.http.stop()
