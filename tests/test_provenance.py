@@ -145,6 +145,8 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
     class Pipeline:  # the evaluator's findings, as it reports them, with a config that changes at step 30
         evaluator = SimpleNamespace(subset=SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0))
         blocked_reason = None
+        validation_identity = None   # the stand-in's config changes within one build: nothing superseded
+        suites: dict = {}
 
         def ensure_built(self, config):
             return True
