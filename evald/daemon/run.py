@@ -212,7 +212,7 @@ class Run:
         ready = self.pipeline.ensure_built(self.config)
         if ready and self._identities_for is not self.pipeline.evaluator:
             self._identities_for = self.pipeline.evaluator  # once per build: results of other identities
-            suite_turn.on_built(self.ledger, self.pipeline)
+            suite_turn.on_built(self.ledger, self.pipeline, self.run_id)
         if ready:
             requeue_if_config_changed(self.ledger, self.config, network_known=True)
         if ready and not was_ready:

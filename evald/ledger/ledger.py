@@ -200,11 +200,13 @@ class Ledger:
 
     # -- evaluation identities: the validation's, and suite cells ---------------------------------
 
-    def supersede_validation(self, identity: str) -> list[int]:
+    def supersede_validation(self, identity: str, run_id: str | None = None) -> list[int]:
         """Steps judged (evaluated or failed) under another validation identity: their results become
-        superseded cells and the steps are queued again, at once. The steps, in order."""
+        superseded cells and the steps are queued again, at once. With ``run_id``, only that run's steps
+        (an earlier run in the same directory may have had another model). The steps, in order."""
         rows = self._db.execute(f"SELECT {STEP_COLUMNS}, identity FROM steps WHERE state IN (?,?) AND identity "
-                                "IS NOT NULL AND identity != ? ORDER BY step", (EVALUATED, FAILED, identity)).fetchall()
+                                "IS NOT NULL AND identity != ? AND (? IS NULL OR run_id IS NULL OR run_id = ?) "
+                                "ORDER BY step", (EVALUATED, FAILED, identity, run_id, run_id)).fetchall()
         with self._transaction() as db:
             for row in rows:
                 old = step_from_row(row[:-1])
