@@ -329,6 +329,17 @@ class Ledger:
         return [Record(stream, step, wall_time, (data := json.loads(payload)).get("scalars", {}), data.get("texts", {}),
                        rid) for rid, stream, step, wall_time, payload in rows]
 
+    def written_records(self, steps: Sequence[int]) -> list[Record]:
+        """Records already written to TensorBoard at these steps (the sink's start-up reconciliation)."""
+        out = []
+        for step in sorted(set(steps)):
+            for rid, stream, wall_time, payload in self._db.execute(
+                    "SELECT id, stream, wall_time, payload FROM records WHERE written=1 AND step=? ORDER BY id",
+                    (step,)):
+                data = json.loads(payload)
+                out.append(Record(stream, step, wall_time, data.get("scalars", {}), data.get("texts", {}), rid))
+        return out
+
     def provenance(self, step: int) -> dict[str, Any] | None:
         rows = self._db.execute("SELECT value FROM provenance WHERE step=?", (step,))
         return next((json.loads(value) for (value,) in rows), None)
