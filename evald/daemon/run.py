@@ -227,7 +227,7 @@ class Run:
         identities = (self.pipeline.validation_identity, tuple(sorted(self.pipeline.suites)))
         if ready and self._identities_for != identities:
             self._identities_for = identities  # once per build: results of other identities are superseded
-            suite_turn.on_built(self.ledger, self.pipeline)
+            suite_turn.on_built(self.ledger, self.pipeline, self.run_id)
         if ready:
             requeue_if_config_changed(self.ledger, self.config, network_known=True)
         subset = self.pipeline.subset

@@ -42,12 +42,12 @@ SINCE_KEY = "suites_since"           # kv: {suite: the first step it covers with
 TOKENIZER_KEY = "tokenizer_sha256"   # kv: the tokenizer this run's benchmarks use (one per run)
 
 
-def on_built(ledger: Ledger, pipeline: Pipeline) -> None:
+def on_built(ledger: Ledger, pipeline: Pipeline, run_id: str | None = None) -> None:
     """After a (re)build: results of another validation identity are superseded and their steps queued
     again (issue 18.2/18.3); each suite's cells of another identity are superseded and queued again."""
     identity = pipeline.validation_identity
     if identity is not None:
-        again = ledger.supersede_validation(identity)
+        again = ledger.supersede_validation(identity, run_id)
         if again:
             log.warning("the evaluation changed (model, data, subset or settings: identity %s): %d step(s) "
                         "evaluated with the old one are evaluated again; their old results are kept, marked "

@@ -235,11 +235,13 @@ class Ledger:
     # -- evaluation identities: the validation's, and suite cells ---------------------------------
 
     @durable
-    def supersede_validation(self, identity: str) -> list[int]:
+    def supersede_validation(self, identity: str, run_id: str | None = None) -> list[int]:
         """Steps judged (evaluated or failed) under another validation identity: their results become
-        superseded cells and the steps are queued again, at once. The steps, in order."""
+        superseded cells and the steps are queued again, at once. With ``run_id``, only that run's steps
+        (an earlier run in the same directory may have had another model). The steps, in order."""
         rows = self._db.execute(f"SELECT {STEP_COLUMNS}, identity FROM steps WHERE state IN (?,?) AND identity "
-                                "IS NOT NULL AND identity != ? ORDER BY step", (EVALUATED, FAILED, identity)).fetchall()
+                                "IS NOT NULL AND identity != ? AND (? IS NULL OR run_id IS NULL OR run_id = ?) "
+                                "ORDER BY step", (EVALUATED, FAILED, identity, run_id, run_id)).fetchall()
         with self._transaction() as db:
             for row in rows:
                 old = step_from_row(row[:-1])
@@ -377,6 +379,18 @@ class Ledger:
                                 "ORDER BY id").fetchall()
         return [Record(stream, step, wall_time, (data := json.loads(payload)).get("scalars", {}), data.get("texts", {}),
                        rid) for rid, stream, step, wall_time, payload in rows]
+
+    @durable
+    def written_records(self, steps: Sequence[int]) -> list[Record]:
+        """Records already written to TensorBoard at these steps (the sink's start-up reconciliation)."""
+        out = []
+        for step in sorted(set(steps)):
+            for rid, stream, wall_time, payload in self._db.execute(
+                    "SELECT id, stream, wall_time, payload FROM records WHERE written=1 AND step=? ORDER BY id",
+                    (step,)):
+                data = json.loads(payload)
+                out.append(Record(stream, step, wall_time, data.get("scalars", {}), data.get("texts", {}), rid))
+        return out
 
     @durable
     def provenance(self, step: int) -> dict[str, Any] | None:

@@ -3,7 +3,7 @@
 The trainer hook deletes old snapshots to stay within its budget (``keep_last``, ``max_bytes``).
 evald says, in the sticky ``control_state`` it already publishes (evald.contracts.retention,
 docs/wire-protocol.md "Leases"), which steps it still needs (``leases``: queued or being
-evaluated) and which it has finished with (``released``: evaluated, skipped, failed or deleted,
+evaluated, or with a benchmark suite's cell queued: evald.daemon.suite_turn) and which it has finished with (``released``: evaluated, skipped, failed or deleted,
 whose ``step_N`` directory is still there, the best excepted). The hook deletes only released
 steps, so a step evald has not heard of is kept too.
 
@@ -65,6 +65,8 @@ class Leases:
             will_skip = {row.step for row in queued
                          if row.step < newest and row.step != final_step and row.found_via != RETRY}
         leases = [row.step for row in waiting if row.step not in will_skip]
+        cells = {c.step for c in self.ledger.cells(QUEUED, EVALUATING)} - set(leases)  # benchmark cells waiting
+        leases = sorted(set(leases) | cells)
         needed = set(leases)
         released = []
         for step in self.ledger.step_numbers():

@@ -28,6 +28,7 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -150,8 +151,16 @@ class TensorBoardSink:
         already = []
         for name in sorted({sub_run(r.stream) for r in pending}):
             mine = [r for r in pending if sub_run(r.stream) == name]
-            on_disk = tags_on_disk(self.run_dir / name, {r.step for r in mine})
-            already += [r.id for r in mine if _tags(r) <= on_disk.get(r.step, set())]
+            steps = {r.step for r in mine}
+            # Counted per (step, tag): a step evaluated again (its old result superseded) has the
+            # same tags at the same step twice, and only a surplus on disk is this record.
+            on_disk = tag_counts_on_disk(self.run_dir / name, steps)
+            written = Counter((r.step, t) for r in self.ledger.written_records(steps)
+                              if sub_run(r.stream) == name for t in _tags(r))
+            for r in mine:
+                if all(on_disk[(r.step, t)] > written[(r.step, t)] for t in _tags(r)):
+                    already.append(r.id)
+                    written.update((r.step, t) for t in _tags(r))
         if already:
             log.info("%d TensorBoard record(s) reached disk just before evald stopped; not written again",
                      len(already))
@@ -207,6 +216,25 @@ class TensorBoardSink:
 def _tags(record: Record) -> set[str]:
     scalars, texts = shown(record)
     return {*scalars, *texts}
+
+
+def tag_counts_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> Counter:
+    """``{(step, tag): records}`` in ``logdir``'s event files (only ``steps`` when given)."""
+    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+
+    wanted = None if steps is None else set(steps)
+    found: Counter = Counter()
+    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
+        try:
+            for raw in RawEventFileLoader(str(path)).Load():
+                event = event_pb2.Event.FromString(raw)
+                if not event.HasField("summary") or (wanted is not None and event.step not in wanted):
+                    continue
+                found.update((event.step, tag) for tag in {v.tag.removesuffix("/text_summary")
+                                                           for v in event.summary.value})
+        except Exception:  # a torn tail: what was read before it stands
+            continue
+    return found
 
 
 def tags_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> dict[int, set[str]]:

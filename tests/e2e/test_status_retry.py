@@ -114,5 +114,12 @@ def test_a_fixed_model_factory_evaluates_what_the_broken_one_failed(tmp_path, pr
     procs.append(second)
     assert second.wait(240) == 0, second.output()[-3000:]
     assert faults.ledger_states(ckpt) == {"evaluated": 2}
-    assert "the network or data changed from" in second.output() and "re-queued 2 step(s): 10, 20" in second.output()
+    said = second.output()  # the failures judged by the old configuration are superseded, not forgotten
+    assert "the evaluation changed" in said and "evaluated again" in said and "superseded: 10, 20" in said
+    import sqlite3
+
+    db = sqlite3.connect(faults.ledger_path(ckpt))
+    old = db.execute("SELECT step, evaluation, state, superseded_by FROM cells ORDER BY step").fetchall()
+    db.close()
+    assert [(s, e, st) for s, e, st, _ in old] == [(10, "validation", "failed"), (20, "validation", "failed")]
     assert raw_scalar_steps(run_dir(ckpt), "eval/loss") == [10, 20]

@@ -61,7 +61,8 @@ class StandInPipeline:
         self.suite_evaluated.append(row.step)
         samples = [{"doc_id": 0, "target": "1", "resps": [[-1.0, False]], "metrics": {"acc": 1.0}}]
         task = SimpleNamespace(metrics={"acc": 1.0, "acc_stderr": 0.0}, samples=samples, documents=1)
-        result = SimpleNamespace(tasks={"t": task}, identity={"suite": name, "lm_eval": "0.4.13"}, identity_sha256="s" * 64,
+        result = SimpleNamespace(tasks={"t": task}, identity={"suite": name, "lm_eval": "0.4.13"},
+                                 identity_sha256="s" * 64,
                                  evaluate_s=0.0, compiled_graphs=2, tokens=10,
                                  scalars=lambda: {f"{name}/t/acc": LOSS[row.step], f"{name}/t/acc_stderr": 0.0})
         return SuiteEvaluated(result, 0.0, {})

@@ -51,6 +51,12 @@ def test_a_new_validation_identity_requeues_evaluated_and_failed_steps_and_keeps
     assert ledger.supersede_validation(ID_B) == []
 
 
+def test_an_earlier_runs_steps_are_not_re_evaluated_with_this_runs_configuration(ledger):
+    _evaluated(ledger, 10, ID_A)                   # run "r"
+    assert ledger.supersede_validation(ID_B, run_id="another run") == []
+    assert ledger.supersede_validation(ID_B, run_id="r") == [10]
+
+
 def test_retry_re_evaluates_an_evaluated_step_on_request(ledger):
     _evaluated(ledger, 10, ID_A)
     done = retry(ledger, [10], "re-queued by evald retry", evaluated_too=True)

@@ -66,6 +66,10 @@ def test_loglikelihoods_equal_an_independent_float32_computation(network, mc):
                                        ["stdlib_next_line"].eval_docs)}
     task = result.tasks["stdlib_next_line"]
     assert [s["doc_id"] for s in task.samples] == runner.documents["stdlib_next_line"]
+    for sample in task.samples:  # acc_norm: log-likelihood per character of the choice (lm-eval's rule)
+        doc = docs[sample["doc_id"]]
+        per_char = [ll / len(choice) for choice, (ll, _) in zip(doc["choices"], sample["resps"])]
+        assert sample["metrics"]["acc_norm"] == float(int(np.argmax(per_char)) == doc["gold"])
     for sample in task.samples[:8]:
         doc = docs[sample["doc_id"]]
         for choice, (ll, _greedy) in zip(doc["choices"], sample["resps"]):
