@@ -185,6 +185,8 @@ def parse_completion(body: dict[str, Any], *, tokenizer: Tokenizer, limits: Serv
         body = dict(body, max_tokens=16 if max_tokens is None else max_tokens)
     else:
         prompt = body.get("prompt")
+    if body.get("stream") not in (None, False):
+        raise BadRequest(400, "stream: evald answers whole responses only; send stream: false", "stream")
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise BadRequest(400, f"echo must be true or false, got {echo!r:.60}", "echo")
