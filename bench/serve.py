@@ -1,13 +1,15 @@
 """What serving costs: echo log-prob requests over HTTP vs the same forward passes in process, and how much
 a steady request load slows evaluations (commit-to-point time), side by side.
 
-    .venv/bin/python -m bench.serve [--requests 400] [--clients 4] [--prompts 1,8]
+    .venv/bin/python -m bench.serve [--requests 400] [--clients 4] [--prompts 1,8] [--reps 5]
 
 Part 1, in one process (the demo GPT, seq_len 64, the real TokenScorer, Runner, Starlette app and
 uvicorn thread; a thread plays evald's main loop): ``--requests`` echo requests (``max_tokens: 0``,
 ``logprobs: 1``; 63-byte prompts, ``--prompts`` of them per request) from ``--clients`` concurrent
-httpx clients, then the same completions run in process through ``evald.serve.engine.run`` (the same
-scorer calls, no HTTP, no queue). Reported: requests/s and prompt tokens/s for both, and the ratio.
+httpx clients, and the same completions run one after another in process through
+``evald.serve.engine.run`` (the same scorer, no HTTP, no queue), the two arms alternated ``--reps``
+times. Reported: requests/s and prompt tokens/s of each (medians), the median ratio and its range, and
+the forward passes each arm ran (over HTTP, requests waiting together share passes).
 
 Part 2, real processes: a tiny training run (60 steps, a snapshot every 10, a sleep per step so that
 evald is idle between checkpoints) with ``evald --serve`` beside it, once with no client and once
@@ -33,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + f"[:63]
 
 
-def part1(requests: int, clients: int, prompts: int) -> dict:
+def part1(requests: int, clients: int, prompts: int, reps: int) -> dict:
     import httpx
     import mindspore as ms
 
@@ -76,42 +78,49 @@ def part1(requests: int, clients: int, prompts: int) -> dict:
     loop.start()
     body = {"model": "bench@latest", "prompt": [PROMPT] * prompts, "max_tokens": 0, "echo": True, "logprobs": 1,
             "temperature": 0}
-    per_client = requests // clients
+    completion = Completion(ModelRef("bench", None), tuple(tuple(tokenizer.encode(PROMPT)) for _ in range(prompts)),
+                            max_tokens=0, temperature=0.0, top_p=1.0, n=1, stop=(), seed=None, logprobs=1, echo=True)
+    per_client = requests // clients // reps
+    n = per_client * clients
 
     def client() -> None:
         with httpx.Client(base_url=http.url, timeout=120) as c:
             for _ in range(per_client):
                 assert c.post("/v1/completions", json=body).status_code == 200
 
+    def http_arm() -> tuple[float, int]:
+        passes, started = scorer.stats.forward_passes, time.perf_counter()
+        threads = [threading.Thread(target=client) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - started, scorer.stats.forward_passes - passes
+
+    def local_arm() -> tuple[float, int]:
+        passes, started = scorer.stats.forward_passes, time.perf_counter()
+        for _ in range(n):
+            engine.run(scorer, tokenizer, completion)
+        return time.perf_counter() - started, scorer.stats.forward_passes - passes
+
     with httpx.Client(base_url=http.url, timeout=120) as c:   # warm the path once
         c.post("/v1/completions", json=body)
-    passes_before = scorer.stats.forward_passes
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    http_s = time.perf_counter() - started
-    http_passes = scorer.stats.forward_passes - passes_before
+    arms = []
+    for _ in range(reps):   # alternated, so that a shared machine's drift hits both arms alike
+        arms.append((http_arm(), local_arm()))
     stop.set()
     loop.join()
     http.stop()
-
-    completion = Completion(ModelRef("bench", None), tuple(tuple(tokenizer.encode(PROMPT)) for _ in range(prompts)),
-                            max_tokens=0, temperature=0.0, top_p=1.0, n=1, stop=(), seed=None, logprobs=1, echo=True)
-    passes_before = scorer.stats.forward_passes
-    started = time.perf_counter()
-    for _ in range(per_client * clients):
-        engine.run(scorer, tokenizer, completion)
-    local_s = time.perf_counter() - started
-    local_passes = scorer.stats.forward_passes - passes_before
-    n = per_client * clients
     tokens = n * prompts * len(PROMPT)
-    return {"prompts_per_request": prompts, "requests": n, "http_requests_per_s": n / http_s,
-            "http_tokens_per_s": tokens / http_s, "in_process_requests_per_s": n / local_s,
-            "in_process_tokens_per_s": tokens / local_s, "ratio_http_to_in_process": local_s / http_s,
-            "forward_passes_http": http_passes, "forward_passes_in_process": local_passes}
+    http_s = statistics.median(h[0] for h, _ in arms)
+    local_s = statistics.median(local[0] for _, local in arms)
+    return {"prompts_per_request": prompts, "requests_per_rep": n, "reps": reps,
+            "http_requests_per_s": n / http_s, "http_tokens_per_s": tokens / http_s,
+            "in_process_requests_per_s": n / local_s, "in_process_tokens_per_s": tokens / local_s,
+            "ratio_http_to_in_process_median": statistics.median(local[0] / h[0] for h, local in arms),
+            "ratio_range": [min(local[0] / h[0] for h, local in arms), max(local[0] / h[0] for h, local in arms)],
+            "forward_passes_per_rep_http": statistics.median(h[1] for h, _ in arms),
+            "forward_passes_per_rep_in_process": arms[0][1][1]}
 
 
 def _commit_to_point(logdir: Path) -> tuple[list[float], float | None]:
@@ -186,10 +195,11 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--prompts", default="1,8", help="prompts per request (comma-separated runs)")
+    parser.add_argument("--reps", type=int, default=5, help="alternated repetitions of the two arms of part 1")
     parser.add_argument("--skip-e2e", action="store_true", help="part 1 only")
     args = parser.parse_args()
     for prompts in (int(p) for p in args.prompts.split(",")):
-        print(json.dumps(part1(args.requests, args.clients, prompts)), flush=True)
+        print(json.dumps(part1(args.requests, args.clients, prompts, args.reps)), flush=True)
     if not args.skip_e2e:
         for loaded in (False, True, False, True):
             print(json.dumps(part2(args.clients, loaded)), flush=True)

@@ -31,9 +31,10 @@ class BadRequest(Exception):
     """The request cannot be served as sent; ``status`` is the 4xx to answer with, the message says why."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, outcome: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers
+        self.outcome = outcome or ("refused" if status < 500 else "failed")   # what ServeStats counts
 
 
 @dataclass(frozen=True)
