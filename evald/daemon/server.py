@@ -179,6 +179,8 @@ class Server:
             return not self.should_exit
         self.run.tick()
         if self.run.work():
+            if self.serving is not None:
+                self.serving.steps_changed()  # a step was evaluated: servable at the next turn
             self._last_activity = time.monotonic()
             self._worked = True
             return True

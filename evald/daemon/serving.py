@@ -120,6 +120,10 @@ class Serving:
             raise ValueError(f"step {step} is not an evaluated step of this run")
         return self.pipeline.swap_in(self.ckpt_dir, row)
 
+    def steps_changed(self) -> None:
+        """An evaluation ended: read the servable steps afresh at the next turn."""
+        self._steps_at = 0.0
+
     def _refresh_steps(self, force: bool = False) -> None:
         if self.ledger is None or self.ckpt_dir is None:
             return
@@ -156,7 +160,7 @@ class Serving:
     def on_tick(self) -> None:
         self._woken.clear()
         self._ensure_scorer()
-        self._refresh_steps(force=self.queue.pending())
+        self._refresh_steps()
         if self.scorer is not None:
             self.runner.run(self.options.budget_s, may_swap=True)
         self.runner.publish()

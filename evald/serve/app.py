@@ -103,18 +103,16 @@ def build_app(ctx: Context) -> Starlette:
         try:
             job = ctx.queue.submit(completion)
         except QueueFull:
-            ctx.stats.count("busy")
             snap = ctx.stats.snapshot(ctx.queue.depth())
             retry = max(1, math.ceil(snap["wait_s_mean"] or 1.0))
             raise BadRequest(429, f"{ctx.queue.size} requests are waiting for the network (serve.queue_size); "
-                                  f"retry in {retry}s", headers={"Retry-After": str(retry)}) from None
+                                  f"retry in {retry}s", headers={"Retry-After": str(retry)}, outcome="busy") from None
         try:
             return await asyncio.wait_for(asyncio.wrap_future(job.future), options.request_timeout_s)
         except asyncio.TimeoutError:
-            ctx.stats.count("timed_out")
             raise BadRequest(503, f"not answered within {options.request_timeout_s:g}s "
                                   f"(serve.request_timeout_s): the network was busy, or the requested step "
-                                  f"could not be put in it") from None
+                                  f"could not be put in it", outcome="timed_out") from None
 
     def window() -> int:
         if ctx.window is None:
@@ -127,9 +125,8 @@ def build_app(ctx: Context) -> Starlette:
             try:
                 authorized(request)
                 return await fn(request)
-            except BadRequest as exc:
-                if exc.status != 429:
-                    ctx.stats.count("refused" if exc.status < 500 else "failed")
+            except BadRequest as exc:   # counted here only, whoever raised it (the runner sets it on the job)
+                ctx.stats.count(exc.outcome)
                 return _error(exc)
         return wrapped
 

@@ -1,6 +1,7 @@
 """Run one validated Completion on the compiled network through a TokenScorer; the main thread calls this.
 
-Every step of generation is one ``TokenScorer.score`` call over all rows still running: a row's tokens
+Every step of generation is one ``TokenScorer.score`` call over all rows still running (``run_many``: the
+rows of several requests for the same weights, which then share forward passes): a row's tokens
 so far plus a placeholder target, so that the last position's top-k (the scorer's ``top_k``) is the
 next token's distribution. The same call gives, at every earlier position, the prompt tokens'
 log-probabilities (``echo``), so lm-eval's ``echo, max_tokens=1`` request is one forward pass.
@@ -49,6 +50,8 @@ class _Row:
     choice: Choice
     rng: np.random.Generator
     tokens: list[int]
+    request: Completion
+    owner: int              # which of the requests run together this row belongs to
     done: bool = False
 
 
@@ -72,23 +75,28 @@ def _pick(scores: TokenScores, request: Completion, rng: np.random.Generator) ->
 
 def run(scorer: TokenScorer, tokenizer: Tokenizer, request: Completion) -> list[Choice]:
     """The choices of ``request``, in OpenAI's order (prompt by prompt, ``n`` each)."""
-    k = request.logprobs or 0
+    return run_many(scorer, tokenizer, [request])[0]
+
+
+def run_many(scorer: TokenScorer, tokenizer: Tokenizer, requests: Sequence[Completion]) -> list[list[Choice]]:
+    """Several requests in the same forward passes (each row's result does not depend on the others')."""
     window = scorer.max_length
     rows: list[_Row] = []
-    for p, prompt in enumerate(request.prompts):
-        for j in range(request.n):
-            seed = None if request.seed is None else (request.seed, p, j)
-            rows.append(_Row(Choice(p, prompt), np.random.default_rng(seed), list(prompt)))
-    if request.echo:
-        for row in rows:
-            row.choice.prompt_logprobs, row.choice.prompt_top = [None], [None]
+    for owner, request in enumerate(requests):
+        for p, prompt in enumerate(request.prompts):
+            for j in range(request.n):
+                seed = None if request.seed is None else (request.seed, p, j)
+                row = _Row(Choice(p, prompt), np.random.default_rng(seed), list(prompt), request, owner)
+                if request.echo:
+                    row.choice.prompt_logprobs, row.choice.prompt_top = [None], [None]
+                rows.append(row)
     first = True
     while True:
         for r in rows:   # a row's inputs are its tokens, which must fit the window
-            if not r.done and (len(r.choice.tokens) >= request.max_tokens or len(r.tokens) > window):
+            if not r.done and (len(r.choice.tokens) >= r.request.max_tokens or len(r.tokens) > window):
                 r.done = True   # finish_reason stays "length"
         generating = [r for r in rows if not r.done]
-        echo_only = [r for r in rows if r.done and first and request.echo]
+        echo_only = [r for r in rows if r.done and first and r.request.echo]
         if not generating and not echo_only:
             break
         asked: list[tuple[_Row, ScoreRequest | None]] = [
@@ -97,14 +105,18 @@ def run(scorer: TokenScorer, tokenizer: Tokenizer, request: Completion) -> list[
         results = iter(scorer.score([q for _, q in asked if q is not None]))
         for r, q in asked:
             scores = next(results) if q is not None else None
-            if first and request.echo and scores is not None:
+            k = r.request.logprobs or 0
+            if first and r.request.echo and scores is not None:
                 positions = len(r.choice.prompt) - 1
                 r.choice.prompt_logprobs += [float(v) for v in scores.logprobs[:positions]]
                 r.choice.prompt_top += [_top(scores, i, max(k, 1)) for i in range(positions)]
             if not r.done and scores is not None:
-                _advance(r, scores, request, tokenizer, k)
+                _advance(r, scores, r.request, tokenizer, k)
         first = False
-    return [r.choice for r in rows]
+    out: list[list[Choice]] = [[] for _ in requests]
+    for r in rows:
+        out[r.owner].append(r.choice)
+    return out
 
 
 def _advance(row: _Row, scores: TokenScores, request: Completion, tokenizer: Tokenizer, k: int) -> None:

@@ -31,9 +31,10 @@ class BadRequest(Exception):
     """The request cannot be served as sent; ``status`` is the 4xx to answer with, the message says why."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, outcome: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.headers = status, message, param, headers
+        self.outcome = outcome or ("refused" if status < 500 else "failed")   # what ServeStats counts
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,8 @@ def parse_completion(body: dict[str, Any], *, tokenizer: Tokenizer, limits: Serv
         body = dict(body, max_tokens=16 if max_tokens is None else max_tokens)
     else:
         prompt = body.get("prompt")
+    if body.get("stream") not in (None, False):
+        raise BadRequest(400, "stream: evald answers whole responses only; send stream: false", "stream")
     echo = body.get("echo", False)
     if not isinstance(echo, bool):
         raise BadRequest(400, f"echo must be true or false, got {echo!r:.60}", "echo")

@@ -1,8 +1,9 @@
 """Which queued job runs now, on the weights evald's main thread holds; only the main thread calls this.
 
 ``Runner.run(budget_s, may_swap)`` takes the waiting jobs and, in order, runs each one whose weights
-are in the network, until ``budget_s`` has passed (at least one job runs, so requests are never starved
-either). Between two evaluation batches ``may_swap`` is False: only the checkpoint under evaluation can
+are in the network, together with the later waiting jobs the same weights answer (up to one forward
+pass of rows: a row's result does not depend on the others'), until ``budget_s`` has passed (at
+least one pass runs, so requests are never starved either). Between two evaluation batches ``may_swap`` is False: only the checkpoint under evaluation can
 answer, and the evaluation's weights are never touched. Between evaluations it is True: a pinned
 ``RUN@STEP`` that is not in the network is swapped in first (proven like any swap), then served; the
 next evaluation swaps its own checkpoint in as always.
@@ -89,17 +90,18 @@ class Runner:
 
     # -- the main thread runs jobs ----------------------------------------------------------------
     def run(self, budget_s: float, may_swap: bool) -> int:
-        """Run waiting jobs for up to ``budget_s`` (at least one); the number run."""
+        """Run waiting jobs for up to ``budget_s`` (at least one pass); the number run."""
         if not self.queue.pending():
             return 0
         started = time.monotonic()
-        jobs, waiting, done = self.queue.take(), [], 0
+        pending, waiting, done = self.queue.take(), [], 0
         catalog = self.publish()
-        for index, job in enumerate(jobs):
+        while pending:
+            job = pending.pop(0)
             if job.future.cancelled():
                 continue
             if done and time.monotonic() - started >= budget_s:
-                waiting.extend(jobs[index:])
+                waiting += [job] + pending
                 break
             step = self._target(job.request, catalog, may_swap)
             if step is None:
@@ -119,11 +121,26 @@ class Runner:
                     catalog = self.publish()
                     continue
                 catalog = self.publish()
-            if self._execute(job):
-                done += 1
+            group = [job] + self._companions(pending, step, catalog, job)
+            done += self._execute(group)
         self.queue.defer([j for j in waiting if not j.future.cancelled()])
         return done
 
+    def _companions(self, pending: list[Job], step: int, catalog: Catalog, first: Job) -> list[Job]:
+        """Later jobs the same weights answer, taken out of ``pending`` to share the first one's forward
+        passes, up to one pass of rows (a row's result does not depend on the others')."""
+        scorer = self._scorer()
+        room = (scorer.batch_size if scorer is not None else 1) - len(first.request.prompts) * first.request.n
+        taken = []
+        for job in list(pending):
+            rows = len(job.request.prompts) * job.request.n
+            if room <= 0:
+                break
+            if rows <= room and not job.future.cancelled() and self._target(job.request, catalog, False) == step:
+                pending.remove(job)
+                taken.append(job)
+                room -= rows
+        return taken
     def _target(self, request: Completion, catalog: Catalog, may_swap: bool) -> int | None:
         """The step to run ``request`` on now, or None to wait; BadRequest(404) is set on the job by _execute."""
         held = catalog.held
@@ -143,42 +160,66 @@ class Runner:
         return BadRequest(404, f"step {step} cannot be served: servable steps (evaluated and still on disk) are "
                                f"{list(catalog.steps[-20:])}; GET /v1/models lists them", "model")
 
-    def _execute(self, job: Job) -> bool:
-        request: Completion = job.request
+    def _execute(self, group: list[Job]) -> int:
+        """Run ``group`` (jobs for the weights held now) in shared forward passes; the number answered."""
         scorer = self._scorer()
         before = self._held()
-        if before is None or scorer is None:
-            self._fail(job, BadRequest(503, "no checkpoint is in the network (a swap failed); try again"))
-            return False
-        if request.model.step is not None and request.model.step != before.step:
-            self._fail(job, self._not_servable(request.model.step, self.catalog))
-            return False
-        if not job.future.set_running_or_notify_cancel():
-            return False
+        runnable = []
+        for job in group:
+            request: Completion = job.request
+            if before is None or scorer is None:
+                self._fail(job, BadRequest(503, "no checkpoint is in the network (a swap failed); try again"))
+            elif request.model.step is not None and request.model.step != before.step:
+                self._fail(job, self._not_servable(request.model.step, self.catalog))
+            elif job.future.set_running_or_notify_cancel():
+                runnable.append(job)
+        if not runnable:
+            return 0
+        assert before is not None and scorer is not None
         started = time.monotonic()
         try:
-            choices = engine.run(scorer, self.tokenizer, request)
+            answers = engine.run_many(scorer, self.tokenizer, [job.request for job in runnable])
             after = self._held()
             if after is None or after != before:
                 raise MixedWeights(f"the weights changed while a request ran ({before} -> {after})")
-        except ValueError as exc:
-            self.stats.count("refused")
-            job.future.set_exception(BadRequest(400, str(exc)))
-            return True
         except Exception as exc:  # noqa: BLE001 - one request's failure is its answer, never evald's crash
-            log.exception("a served request failed")
-            self.stats.count("failed")
-            job.future.set_exception(BadRequest(500, f"the request failed in evald: {exc!r}"))
-            return True
+            if len(runnable) > 1:   # find which request it was: each alone
+                return sum(self._run_alone(job, scorer, before) for job in runnable)
+            self._failed(runnable[0], exc)
+            return 1
         ran = time.monotonic() - started
-        self.stats.ran(started - job.queued_at, ran, request.prompt_tokens, engine.tokens_out(choices))
-        job.future.set_result(Answer(request, choices, Served(self.run_name, before.step, before.digest)))
-        return True
+        served = Served(self.run_name, before.step, before.digest)
+        for job, choices in zip(runnable, answers):
+            self.stats.ran(started - job.queued_at, ran / len(runnable), job.request.prompt_tokens,
+                           engine.tokens_out(choices))
+            job.future.set_result(Answer(job.request, choices, served))
+        return len(runnable)
+
+    def _run_alone(self, job: Job, scorer: TokenScorer, before: Held) -> int:
+        started = time.monotonic()
+        try:
+            choices = engine.run(scorer, self.tokenizer, job.request)
+            if self._held() != before:
+                raise MixedWeights(f"the weights changed while a request ran ({before} -> {self._held()})")
+        except Exception as exc:  # noqa: BLE001 - as above
+            self._failed(job, exc)
+            return 1
+        self.stats.ran(started - job.queued_at, time.monotonic() - started, job.request.prompt_tokens,
+                       engine.tokens_out(choices))
+        job.future.set_result(Answer(job.request, choices, Served(self.run_name, before.step, before.digest)))
+        return 1
+
+    def _failed(self, job: Job, exc: Exception) -> None:
+        """A running job's error as its answer: 400 for what the scorer refuses, 500 for anything else."""
+        if isinstance(exc, ValueError) and not isinstance(exc, MixedWeights):
+            job.future.set_exception(BadRequest(400, str(exc)))
+            return
+        log.error("a served request failed", exc_info=exc)
+        job.future.set_exception(BadRequest(500, f"the request failed in evald: {exc!r}"))
 
     def _fail(self, job: Job, error: BadRequest) -> None:
         if job.future.set_running_or_notify_cancel():
-            self.stats.count("refused" if error.status < 500 else "failed")
-            job.future.set_exception(error)
+            job.future.set_exception(error)   # the HTTP handler counts it
 
 
 def describe(stats: dict[str, Any]) -> str:

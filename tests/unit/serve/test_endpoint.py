@@ -262,3 +262,14 @@ def test_chat_completions_use_the_tokenizers_template_and_the_openai_client_work
         rig.close()
     assert chat.model == "unit@10" and chat.choices[0].message.content == text.choices[0].text
     assert chat.model_extra["evald"]["snapshot"] == rig.digests[10]
+
+
+def test_each_outcome_is_counted_once(rig):
+    before = rig.stats.snapshot(0)
+    with Loop(rig), httpx.Client(base_url=rig.url, timeout=60) as client:
+        assert _echo(client, "unit@10", "ok").status_code == 200
+        assert _echo(client, "unit@30", "not servable").status_code == 404      # refused by the runner
+        assert client.post("/v1/completions", content=b"{").status_code == 400   # refused by the handler
+    after = rig.stats.snapshot(0)
+    assert (after["served"] - before["served"], after["refused"] - before["refused"]) == (1, 2)
+    assert after["requests"] - before["requests"] == 3

@@ -51,6 +51,7 @@ def parse(body: dict | bytes, window: int = 64):
     ({"prompt": "a", "model": "other@latest"}, 404, "serves run 'r'"),
     ({"prompt": "a", "model": "r@-3"}, 404, "RUN@latest or RUN@STEP"),
     ({"prompt": "a", "model": 7}, 400, "model must be a string"),
+    ({"prompt": "a", "stream": True}, 400, "stream"),
 ])
 def test_a_bad_request_is_refused_naming_what_is_wrong(body, status, says):
     with pytest.raises(BadRequest) as caught:

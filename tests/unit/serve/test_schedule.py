@@ -46,14 +46,19 @@ def test_between_batches_a_request_for_another_step_waits_and_nothing_is_swapped
     assert rig.swaps == swaps + 1
 
 
-def test_the_budget_bounds_a_pass_but_one_request_always_runs(rig):
+def test_the_budget_bounds_a_pass_but_one_pass_always_runs_and_requests_share_it(rig):
     rig.swap(10)
     jobs = [rig.queue.submit(_request(10)) for _ in range(20)]
-    assert rig.serve(may_swap=False, budget_s=0.0) == 1
-    assert rig.queue.depth() == 19
+    passes = rig.scorer.stats.forward_passes
+    assert rig.serve(may_swap=False, budget_s=0.0) == 4          # one pass: batch_size (4) one-prompt requests
+    assert rig.scorer.stats.forward_passes == passes + 1 and rig.queue.depth() == 16
     while rig.queue.pending():
         rig.serve(may_swap=False, budget_s=10.0)
-    assert all(j.future.done() for j in jobs)
+    answers = [j.future.result(0) for j in jobs]
+    alone = rig.queue.submit(_request(10))
+    rig.serve(may_swap=False)
+    expected = alone.future.result(0).choices[0].prompt_logprobs
+    assert all(a.choices[0].prompt_logprobs == expected for a in answers)   # sharing a pass changes no bit
 
 
 def test_a_step_that_is_not_servable_is_refused_not_swapped(rig):
