@@ -65,9 +65,13 @@ def test_second_signal_abandons_the_evaluation_and_a_restart_redoes_it(tmp_path,
     time.sleep(0.3)
     evald.signal(signal.SIGTERM)
     forced = time.time()
-    assert evald.wait(60) == 1, evald.output()[-3000:]
+    code = evald.wait(60)
     exit_s = time.time() - forced
     log = evald.output()
+    # Since reads stop on the first signal (issue 19), evald may already be past its shutdown when the
+    # second arrives: MindSpore's teardown then ends the process by that signal (-15) after evald
+    # logged its own exit code 1. Either way the work was abandoned and recorded as such.
+    assert code == 1 or (code == -signal.SIGTERM and "evald stopped (exit code 1)" in log), log[-3000:]
     assert "forced exit: the work under way was abandoned" in log and "evald stopped" in log
     row = faults.ledger_by_key(ckpt)[layout.step_dir_name(10)]
     assert row["state"] == "queued" and "interrupted by a forced shutdown" in row["reason"], row
