@@ -17,7 +17,7 @@ from evald.ledger.samples import read_samples, write_samples  # noqa: E402
 from evald.pipeline.suites import SuiteRunner  # noqa: E402
 from evald.pipeline.tokenizer import ByteTokenizer  # noqa: E402
 from examples.tiny_lm.benchmarks import write_benchmarks  # noqa: E402
-from examples.tiny_lm.model import build_model  # noqa: E402
+from tests.networks import demo_network_in_graph_mode
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,8 @@ def include(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def network():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    net = build_model(seq_len=64, seed=5)
-    net.set_train(False)
-    yield net
-    ms.set_context(mode=before)
+    with demo_network_in_graph_mode(seed=5) as net:
+        yield net
 
 
 @pytest.fixture(scope="module")

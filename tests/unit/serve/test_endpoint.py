@@ -17,8 +17,8 @@ httpx = pytest.importorskip("httpx")
 
 from evald.config import ServeOptions  # noqa: E402
 from evald.pipeline.scoring import ScoreRequest  # noqa: E402
-from examples.tiny_lm.model import build_model  # noqa: E402
 from tests.harness import wait_for  # noqa: E402
+from tests.networks import demo_network_in_graph_mode
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
 
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, queue_size=8, max_body_bytes=4096,
@@ -27,12 +27,8 @@ OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, queue_size=8, max_bod
 
 @pytest.fixture(scope="module")
 def network():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    net = build_model(seq_len=64, seed=3)
-    net.set_train(False)
-    yield net
-    ms.set_context(mode=before)
+    with demo_network_in_graph_mode(seed=3) as net:
+        yield net
 
 
 class Loop:

@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 from evald.config import ServeOptions  # noqa: E402
 from evald.pipeline.network import Held  # noqa: E402
 from evald.pipeline.scoring import ScoreRequest  # noqa: E402
-from examples.tiny_lm.model import build_model  # noqa: E402
+from tests.networks import demo_network_in_graph_mode
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
 
 STEPS = (10, 20, 30, 40, 50, 60)
@@ -30,12 +30,8 @@ STEPS = (10, 20, 30, 40, 50, 60)
 
 @pytest.fixture(scope="module")
 def network():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    net = build_model(seq_len=64, seed=3)
-    net.set_train(False)
-    yield net
-    ms.set_context(mode=before)
+    with demo_network_in_graph_mode(seed=3) as net:
+        yield net
 
 
 def _load(rig: Rig, swaps: int, wanted: int, clients: int = 2, seed: int = 0) -> list[tuple[dict, dict]]:

@@ -1,0 +1,23 @@
+"""The demo GPT built in Graph mode for in-process tests (the pipeline's scorer and evald --serve run on it);
+the previous execution mode is restored afterwards."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import mindspore as ms
+
+from examples.tiny_lm.model import build_model
+
+
+@contextmanager
+def demo_network_in_graph_mode(seed: int, seq_len: int = 64) -> Iterator[ms.nn.Cell]:
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = build_model(seq_len=seq_len, seed=seed)
+    net.set_train(False)
+    try:
+        yield net
+    finally:
+        ms.set_context(mode=before)
