@@ -87,6 +87,7 @@ class Run:
         self._end_learned_at = self._blocked_said_at = 0.0
         self._last_rescan = time.monotonic()
         self._identities_for: Any = None
+        self._subset_recorded: Any = None  # the SubsetInfo last written to subset.json
         self.discovery = Discovery(ckpt_dir, events, watch=self.config.tuning.watch,
                                    polling_interval_s=self.config.tuning.polling_interval_s)
         self._read_announcement()
@@ -222,7 +223,6 @@ class Run:
 
     def prepare(self) -> bool:
         """Build the evaluation network if its factories are known; False while it cannot be."""
-        was_ready = self.pipeline.subset is not None
         ready = self.pipeline.ensure_built(self.config)
         identities = (self.pipeline.validation_identity, tuple(sorted(self.pipeline.suites)))
         if ready and self._identities_for != identities:
@@ -231,9 +231,12 @@ class Run:
         if ready:
             requeue_if_config_changed(self.ledger, self.config, network_known=True)
         subset = self.pipeline.subset
-        if ready and not was_ready and subset is not None:
+        # Once per run directory and subset: the network may have been built before this run existed
+        # (factories on the command line are built at start-up), or rebuilt with other data since.
+        if ready and subset is not None and subset != self._subset_recorded:
             self.disk.retry("subset.json",
                             lambda: layout.atomic_write_text(self.run_dir / "subset.json", subset.to_json()))
+            self._subset_recorded = subset
         return ready
 
     def _after_suite_decision(self) -> None:

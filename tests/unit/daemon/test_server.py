@@ -106,3 +106,41 @@ def test_serve_turns_a_dead_thread_into_exit_code_3(tmp_path, private_umask, mon
 
     monkeypatch.setattr(server, "startup", startup_then_kill)
     assert server.serve() == 3
+
+
+class BuiltAtStartup(NothingToEvaluate):
+    """Stands in for a pipeline whose factories the operator named: built before any run exists."""
+
+    def __init__(self):
+        from evald.pipeline.subset import SubsetInfo
+
+        self.subset = None
+        self._subset = SubsetInfo.of([1, 4, 9], num_samples=10, requested=3, seed=5)
+
+    def ensure_built(self, config):
+        self.subset = self._subset
+        return True
+
+
+def test_the_subset_is_recorded_when_the_network_was_built_before_the_run(tmp_path, private_umask, monkeypatch):
+    """With --model-factory and --data-factory, the network is built at start-up, before the run
+    directory is opened; LOGDIR/RUN/subset.json must still name the samples (docs/metrics.md)."""
+    import json
+
+    from evald.daemon.run_dir import default_logdir, default_run_name
+
+    monkeypatch.setenv("EVALD_SOCKET_DIR", str(tmp_path / "sock"))
+    ckpt = tmp_path / "train" / "ckpt"
+    ckpt.mkdir(parents=True)
+    config = dataclasses.replace(EvaldConfig(), endpoint="none", ckpt_dir=str(ckpt), model_factory=None,
+                                 idle_exit_s=0.0)
+    sources = {"model_factory": "command line --model-factory", "data_factory": "command line --data-factory",
+               "ckpt_dir": "command line --ckpt-dir", "endpoint": "command line --endpoint"}
+    pipeline = BuiltAtStartup()
+    server = Server(ResolvedConfig(config, sources), pipeline=pipeline)
+    try:
+        server.startup()
+    finally:
+        server.shutdown()
+    recorded = json.loads((default_logdir(ckpt) / default_run_name(ckpt) / "subset.json").read_text())
+    assert recorded["indices"] == [1, 4, 9] and recorded["seed"] == 5
