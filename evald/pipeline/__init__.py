@@ -8,6 +8,7 @@
 - ``swap_check.py``, ``provenance.py``: proof of each swap; which weights, subset and
   configuration produced a point
 - ``subset.py``, ``factories.py``, ``device.py``: the seeded subset, the user's factories, the device
+- ``framework_logs.py``: a framework a factory imports (MindFormers) logs its INFO lines to its own files
 - ``group_protocol.py``, ``group_evaluator.py``, ``group_scoring.py``: the same evaluation (and a suite's
   requests) on several devices
 - ``scoring.py``, ``tokenizer.py``, ``lm_adapter.py``, ``suites.py``: benchmark suites: token log-probs and

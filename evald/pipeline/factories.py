@@ -2,7 +2,8 @@
 
 Importing a module runs its code, so who may name a factory is decided before it gets
 here (evald.intake.trust), the operator may restrict the modules further (``--factory-allow``,
-``check_allowed``), and the log names every factory before it is imported.
+``check_allowed``), and the log names every factory before it is imported. What a factory's import
+loads (MindFormers) is kept from flooding evald's log (``framework_logs``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from typing import Any, Sequence
 
 from evald.contracts.wire import FactorySpec
+from evald.pipeline.framework_logs import quiet_framework_stdout
 
 log = logging.getLogger("evald.pipeline.factories")
 
@@ -44,6 +46,7 @@ def call_factory(spec: FactorySpec, what: str) -> Any:
         raise FactoryError(
             f"{what} factory {spec.target!r}: cannot import {module_name!r} ({exc}); "
             f"set --app-dir to the directory it lives in (sys.path[0]={sys.path[0]!r})") from exc
+    quiet_framework_stdout()  # before the call: building a MindFormers model logs a dozen INFO lines
     try:
         function = getattr(module, attr)
     except AttributeError as exc:
