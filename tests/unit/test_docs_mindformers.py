@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import json
 import re
 import shlex
 import sys
@@ -32,36 +31,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.doc_snippets import blocks, evald_commands, python_files
+
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "mindformers.md"
-
-
-def blocks(text: str) -> list[tuple[str, str]]:
-    """(language, code) of every fenced block."""
-    return [(m.group(1).strip().lower(), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)]
-
-
-def python_files(text: str) -> dict[str, str]:
-    """The Python blocks that open with ``# path/to/file.py``: {path: code}."""
-    found = {}
-    for language, code in blocks(text):
-        first = code.splitlines()[0] if code else ""
-        match = re.fullmatch(r"# ([\w/]+\.py)", first.strip())
-        if language == "python" and match:
-            found[match.group(1)] = code
-    return found
-
-
-def evald_commands(text: str) -> list[list[str]]:
-    commands = []
-    for language, code in blocks(text):
-        if language not in ("bash", "sh", "console"):
-            continue
-        for line in code.replace("\\\n", " ").splitlines():
-            words = shlex.split(line, comments=True)
-            if words and words[0] == "evald":
-                commands.append(words[1:])
-    return commands
 
 
 @pytest.fixture(scope="module")
