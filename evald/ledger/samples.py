@@ -226,13 +226,7 @@ def _open_regular(path: Path, limit: int):
 def read_sidecar(file: SampleFile) -> Sidecar:
     path = file.sidecar
     with _open_regular(path, MAX_SIDECAR_BYTES) as handle:
-        raw = handle.read(MAX_SIDECAR_BYTES + 1)
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SampleFileError(f"{path} is not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise SampleFileError(f"{path}: a sidecar is a JSON object, got {type(data).__name__}")
+        data = _json_object(str(path), handle.read(MAX_SIDECAR_BYTES + 1), "a sidecar")
     # written as "identity_sha256"; "identity_hash" (the name evald compare prints) is read too
     identity, metrics, cell = data.get("identity"), data.get("metrics"), data.get("cell_identity")
     digest = data.get("identity_sha256", data.get("identity_hash"))
@@ -275,13 +269,18 @@ def _lines(path: Path) -> Iterator[tuple[str, dict]]:
             yield where, _document(where, line)
 
 
-def _document(where: str, line: bytes) -> dict:
+def _json_object(where: str, raw: bytes, what: str) -> dict:
     try:
-        doc = json.loads(line)
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SampleFileError(f"{where}: not JSON ({exc})") from None
-    if not isinstance(doc, dict):
-        raise SampleFileError(f"{where}: a document is a JSON object, got {type(doc).__name__}")
+    if not isinstance(data, dict):
+        raise SampleFileError(f"{where}: {what} is a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _document(where: str, line: bytes) -> dict:
+    doc = _json_object(where, line, "a document")
     doc_id, metrics = doc.get("doc_id"), doc.get("metrics")
     if type(doc_id) is not int or not 0 <= doc_id <= MAX_DOC_ID:
         raise SampleFileError(f"{where}: 'doc_id' must be an integer in [0, 2**53], got {doc_id!r:.40}")

@@ -95,7 +95,7 @@ def test_a_truncated_gzip_a_link_and_the_bounds_are_refused(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("sidecar,message", [
-    (b"{", "is not JSON"),
+    (b"{", ": not JSON"),
     ([1], "a sidecar is a JSON object"),
     ({"identity": [], "identity_sha256": "0" * 64, "metrics": {}}, "'identity' must be an object"),
     ({"identity": {}, "identity_sha256": "XYZ", "metrics": {}}, "'identity_sha256' must be 64 lowercase hex"),
