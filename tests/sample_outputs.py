@@ -1,14 +1,15 @@
-"""Per-sample outputs of a suite written as the contract says (docs/benchmarks.md), for tests that
-read them back: ``RUN_DIR/samples/SUITE/TASK/step_<STEP>.<IDENTITY12>.jsonl.gz`` plus its sidecar."""
+"""Per-sample outputs of a suite, written by evald's own writer (evald.ledger.samples; the format:
+docs/benchmarks.md) from per-document metric columns, for tests that read them back."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
+
+from evald.ledger.samples import samples_paths, write_samples
 
 
 def identity_hash(identity: Mapping) -> str:
@@ -20,19 +21,16 @@ def write_task_samples(run_dir: Path, suite: str, task: str, step: int, identity
                        aggregated: Mapping[str, float] | None = None, mtime_ns: int | None = None) -> Path:
     """One (step, suite, task): ``metrics[name][i]`` is document ``doc_ids[i]``'s value. Returns the sidecar."""
     digest = identity_hash(identity)
-    folder = Path(run_dir) / "samples" / suite / task
-    folder.mkdir(parents=True, exist_ok=True)
     columns = {name: list(values) for name, values in metrics.items()}
     count = len(next(iter(columns.values())))
     ids = list(range(count)) if doc_ids is None else list(doc_ids)
-    with gzip.open(folder / f"step_{step}.{digest[:12]}.jsonl.gz", "wt") as out:
-        for i, doc_id in enumerate(ids):
-            out.write(json.dumps({"doc_id": doc_id, "target": f"t{doc_id}", "resps": [[f"r{doc_id}"]],
-                                  "metrics": {name: values[i] for name, values in columns.items()}}) + "\n")
+    documents = [{"doc_id": doc_id, "target": f"t{doc_id}", "resps": [[f"r{doc_id}"]],
+                  "metrics": {name: values[i] for name, values in columns.items()}} for i, doc_id in enumerate(ids)]
     if aggregated is None:
         aggregated = {name: sum(v) / count for name, v in columns.items() if not isinstance(v[0], list)}
-    sidecar = folder / f"step_{step}.{digest[:12]}.json"
-    sidecar.write_text(json.dumps({"identity": dict(identity), "identity_hash": digest, "metrics": dict(aggregated)}))
+    write_samples(run_dir, suite=suite, task=task, step=step, identity=identity, identity_sha256=digest,
+                  cell_identity="ce" * 32, metrics=aggregated, samples=documents)
+    sidecar = samples_paths(run_dir, suite, task, step, digest)[1]
     if mtime_ns is not None:
         os.utime(sidecar, ns=(mtime_ns, mtime_ns))
     return sidecar

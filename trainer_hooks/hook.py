@@ -29,7 +29,6 @@ from evald.contracts import integrity, layout
 from evald.contracts.auth import SecurityConfig
 from evald.contracts.wire import (
     CheckpointCommitted,
-    FactorySpec,
     RunAnnounced,
     RunFinished,
     TrainMetrics,

@@ -25,8 +25,8 @@ import numpy as np
 
 from evald.daemon.run_dir import RunDirError, locate
 from evald.decisions import paired
-from evald.sinks.sample_files import (SAMPLES_DIR, SampleFile, SampleFileError, list_samples, read_samples,
-                                      read_sidecar)
+from evald.ledger.samples import (SAMPLES_DIR, SampleFile, SampleFileError, list_samples, read_samples,
+                                  read_sidecar)
 
 MAX_LISTED = 12  # steps or differences named in one message
 

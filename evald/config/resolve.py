@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from evald.config.options import ANNOUNCED, EvaldConfig, option_fields
-from evald.config.schema import ConfigError, as_object, build_table, coerce, table_object
+from evald.config.schema import ConfigError, build_table, coerce, table_object
 from evald.config.sources import Layer, app_dir_exists, check_place
 
 DEFAULT = "default"

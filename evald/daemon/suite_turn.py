@@ -176,7 +176,7 @@ def waiting_cells(ledger: Ledger, pipeline: Pipeline) -> int:
 
 def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: Path, cell: Any,
                    max_attempts: int, monitor: SuiteMonitor | None = None) -> None:
-    name, runner = cell.suite, pipeline.suites[cell.suite]
+    name = cell.suite
     row = ledger.step(cell.step)
     if row is None:
         ledger.finish_cell(cell.step, name, cell.identity, FAILED, reason="the step is not in the ledger")

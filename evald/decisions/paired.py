@@ -2,7 +2,7 @@
 confidence interval, McNemar's exact and mid-p tests for 0/1 metrics, the paired standard error
 and the minimum detectable effect (MDE) at that number of documents.
 
-Pure: per-document arrays in, numbers out; no I/O (``sinks/sample_files.py`` reads the files).
+Pure: per-document arrays in, numbers out; no I/O (``ledger/samples.py`` reads the files).
 
 Why paired: both steps answered the same documents, so most of the sampling noise is shared
 and cancels in the difference; an unpaired test (lm-eval's comparator, lm-eval #3831)

@@ -1,28 +1,26 @@
-"""Per-sample benchmark results beside the ledger: one compressed JSONL per (step, suite, task).
+"""Per-sample benchmark results beside the ledger, one compressed JSONL and its sidecar per
+(step, suite, task): the writer and the one reader of the format (docs/benchmarks.md, "Per-sample
+results", is its description).
 
 Layout (in the run directory)::
 
-    samples/SUITE/TASK/step_<STEP>.<IDENTITY12>.jsonl.gz   one JSON object per document, by doc_id:
-        {"doc_id": int, "target": str, "resps": [...], "metrics": {"acc": 0/1 or float, ...}}
-    samples/SUITE/TASK/step_<STEP>.<IDENTITY12>.json       the sidecar: the full suite identity,
-        its sha256, the cell identity (suite + network), and the task's aggregated metrics
-        (lm-eval's, with ``*_stderr``)
+    samples/SUITE/TASK/step_<STEP>.<IDENTITY12>.jsonl.gz   one JSON object per document
+    samples/SUITE/TASK/step_<STEP>.<IDENTITY12>.json       the sidecar: identity, hashes, aggregates
 
-IDENTITY12 is the first 12 hex digits of the suite identity's sha256 (evald.pipeline.suites), so two
-runs' files of the same suite identity compare document by document. Both files are written
-atomically (temporary file, fsync, rename; the JSONL first, so a sidecar always has its samples)
-and deterministically (gzip without a timestamp), so a crash and a re-evaluation write the same
-bytes. If a step's file is rewritten under another cell identity (another model configuration,
-same suite), the old pair is kept renamed ``*.superseded-<CELL12>``.
+Writing: atomically (temporary file, fsync, rename; the JSONL first, so a sidecar always has its
+samples) and deterministically (gzip without a timestamp), so a crash and a re-evaluation write the
+same bytes; a step rewritten under another cell identity keeps the old pair renamed
+``*.superseded-<CELL12>``. Sizes are measured in docs/performance.md.
 
-Size (measured, docs/performance.md): a 4-way multiple-choice document is about 185 bytes of JSON
-(4 log-likelihoods with their greedy flags, the target, acc and acc_norm), 45 bytes gzipped; a
-rolling (bits-per-byte) document holds its text as the target, about 530 bytes for the demo's
-320-byte documents, 160 gzipped. Targets and generated texts are cut at
-evald.pipeline.suites.SAMPLE_TEXT_LIMIT (4096) characters, so a document never exceeds ~9 KB.
+Reading: the files are input (another run's, a copied folder, a damaged disk), so every read is
+bounded and validated, and every error is a :class:`SampleFileError` naming the file (and line):
 
-``read_samples(run_dir, suite, task, step)`` returns ``(identity, samples)``; it is what
-``evald compare`` reads.
+- :func:`list_samples` / :func:`current` / :func:`find_samples`: which files exist, which is current
+  (the newest sidecar of a step)
+- :func:`read_sidecar`: the identity, its hash, the cell identity and the aggregates
+- :func:`read_documents`: every document, whole, sorted by doc_id
+- :func:`read_samples`: every document's metric values as arrays (``evald compare``, the paired SE)
+- :func:`read_step`: ``(sidecar, documents)`` of one (suite, task, step), the current identity or one asked for
 
 May import: contracts.
 """
@@ -31,17 +29,71 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+import re
 import secrets
+import stat
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
 
 SAMPLES_DIR = "samples"
+MAX_SIDECAR_BYTES = 1 << 20              # a sidecar: identity and aggregated metrics
+MAX_SAMPLES_BYTES = 1 << 30              # one samples file, compressed or not
+MAX_LINE_BYTES = 16 << 20                # one document's line (generations can be long)
+MAX_DOCUMENTS = 1_000_000                # documents in one samples file
+MAX_METRICS = 64                         # metrics per document
+MAX_DOC_ID = 2**53                       # a JSON integer every reader agrees on
+_NAME = re.compile(r"step_(\d{1,19})\.([0-9a-f]{12})\.json")
+_HASH = re.compile(r"[0-9a-f]{64}")
 
 
-class SamplesNotFound(FileNotFoundError):
+class SampleFileError(ValueError):
+    """A per-sample file is missing, malformed or beyond its bounds; the message names it."""
+
+
+class SamplesNotFound(SampleFileError):
     """No per-sample file for that (suite, task, step), or not for the identity asked for."""
 
+
+@dataclass(frozen=True)
+class SampleFile:
+    """One (step, suite, task, identity): the samples file and its sidecar."""
+
+    suite: str
+    task: str
+    step: int
+    identity12: str
+    sidecar: Path
+    mtime_ns: int
+
+    @property
+    def samples(self) -> Path:
+        return self.sidecar.with_name(f"step_{self.step}.{self.identity12}.jsonl.gz")
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    identity: dict
+    identity_hash: str
+    metrics: dict
+    cell_identity: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskSamples:
+    """One file's documents: ``doc_ids`` sorted, ``metrics[name][i]`` the value of document ``doc_ids[i]``."""
+
+    file: SampleFile
+    doc_ids: np.ndarray
+    metrics: dict[str, np.ndarray]
+
+
+# -- writing ------------------------------------------------------------------------------------------
 
 def samples_dir(run_dir: Path, suite: str, task: str) -> Path:
     return Path(run_dir) / SAMPLES_DIR / suite / task
@@ -61,8 +113,8 @@ def write_samples(run_dir: Path, *, suite: str, task: str, step: int, identity: 
     data.parent.mkdir(parents=True, exist_ok=True)
     if sidecar.exists():
         try:
-            old = json.loads(sidecar.read_text()).get("cell_identity")
-        except (OSError, ValueError):
+            old = read_sidecar(SampleFile(suite, task, int(step), identity_sha256[:12], sidecar, 0)).cell_identity
+        except (SampleFileError, OSError):
             old = None
         if old and old != cell_identity:
             for path in (data, sidecar):
@@ -75,34 +127,6 @@ def write_samples(run_dir: Path, *, suite: str, task: str, step: int, identity: 
             "documents": len(samples)}
     _atomic(sidecar, json.dumps(head, sort_keys=True, indent=1).encode("utf-8"))
     return data
-
-
-def read_samples(run_dir: Path, suite: str, task: str, step: int,
-                 identity: str | None = None) -> tuple[dict[str, Any], list[dict]]:
-    """``(sidecar, samples)`` of one (suite, task, step): the sidecar dict has ``identity`` (the full
-    suite identity), ``identity_sha256``, ``metrics`` (aggregates with stderrs); samples are sorted by
-    doc_id. ``identity`` (a sha256 or its first 12+ hex digits) picks among several suite identities;
-    without it the most recently written one is returned. SamplesNotFound otherwise."""
-    folder = samples_dir(run_dir, suite, task)
-    found = sorted(folder.glob(f"step_{int(step)}.*.json"), key=lambda p: p.stat().st_mtime_ns)
-    if identity is not None:
-        found = [p for p in found if identity.startswith(p.stem.split(".")[1]) or
-                 p.stem.split(".")[1].startswith(identity[:12])]
-    if not found:
-        raise SamplesNotFound(f"no per-sample results of suite {suite!r}, task {task!r}, step {step} in {folder}"
-                              + (f" with identity {identity[:12]}" if identity else ""))
-    sidecar_path = found[-1]
-    sidecar = json.loads(sidecar_path.read_text())
-    data_path = sidecar_path.with_name(sidecar_path.stem + ".jsonl.gz")
-    with gzip.open(data_path, "rt", encoding="utf-8") as f:
-        samples = [json.loads(line) for line in f if line.strip()]
-    return sidecar, samples
-
-
-def sample_steps(run_dir: Path, suite: str, task: str) -> list[int]:
-    """The steps that have per-sample results for (suite, task)."""
-    return sorted({int(p.name.split(".")[0][len("step_"):])
-                   for p in samples_dir(run_dir, suite, task).glob("step_*.json")})
 
 
 def _atomic(path: Path, payload: bytes) -> None:
@@ -124,3 +148,204 @@ def _atomic(path: Path, payload: bytes) -> None:
             os.close(fd)
     except OSError:
         pass
+
+
+# -- finding ------------------------------------------------------------------------------------------
+
+def list_samples(run_dir: Path, *, suite: str | None = None, task: str | None = None,
+                 step: int | None = None) -> list[SampleFile]:
+    """Every sidecar under ``RUN_DIR/samples`` (filtered), newest last within each (suite, task, step)."""
+    root = Path(run_dir) / SAMPLES_DIR
+    found = []
+    for suite_dir in _subdirs(root):
+        if suite is not None and suite_dir.name != suite:
+            continue
+        for task_dir in _subdirs(suite_dir):
+            if task is not None and task_dir.name != task:
+                continue
+            for entry in sorted(os.scandir(task_dir), key=lambda e: e.name):
+                match = _NAME.fullmatch(entry.name)
+                if not match or not entry.is_file(follow_symlinks=False):
+                    continue
+                at = int(match.group(1))
+                if step is None or at == step:
+                    found.append(SampleFile(suite_dir.name, task_dir.name, at, match.group(2), Path(entry.path),
+                                            entry.stat(follow_symlinks=False).st_mtime_ns))
+    return sorted(found, key=lambda f: (f.suite, f.task, f.step, f.mtime_ns, f.identity12))
+
+
+def current(files: list[SampleFile]) -> dict[tuple[str, str, int], SampleFile]:
+    """The current identity of each (suite, task, step): its newest sidecar."""
+    newest: dict[tuple[str, str, int], SampleFile] = {}
+    for f in files:  # sorted oldest first
+        newest[(f.suite, f.task, f.step)] = f
+    return newest
+
+
+def find_samples(run_dir: Path, suite: str, task: str, step: int, identity: str | None = None) -> SampleFile:
+    """The file of (suite, task, step): under ``identity`` (its hash, or a prefix of it), else the current
+    one. SamplesNotFound when there is none."""
+    found = list_samples(run_dir, suite=suite, task=task, step=int(step))
+    if identity is not None:
+        found = [f for f in found if f.identity12.startswith(identity.lower()[:12])]
+    if not found:
+        raise SamplesNotFound(f"no per-sample results of suite {suite!r}, task {task!r}, step {step} in "
+                              f"{samples_dir(run_dir, suite, task)}"
+                              + (f" with identity {identity[:12]}" if identity else ""))
+    return found[-1]
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+
+
+# -- reading ------------------------------------------------------------------------------------------
+
+def _open_regular(path: Path, limit: int):
+    """Open a regular file (not a link, FIFO or device) no larger than ``limit`` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise SampleFileError(f"{path} does not exist") from None
+    except OSError as exc:
+        raise SampleFileError(f"{path} cannot be opened: {exc.strerror} (a symbolic link is not followed)") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise SampleFileError(f"{path} is not a regular file")
+    if info.st_size > limit:
+        os.close(fd)
+        raise SampleFileError(f"{path} holds {info.st_size} bytes, more than the {limit} a per-sample file may")
+    return os.fdopen(fd, "rb")
+
+
+def read_sidecar(file: SampleFile) -> Sidecar:
+    path = file.sidecar
+    with _open_regular(path, MAX_SIDECAR_BYTES) as handle:
+        data = _json_object(str(path), handle.read(MAX_SIDECAR_BYTES + 1), "a sidecar")
+    # written as "identity_sha256"; "identity_hash" (the name evald compare prints) is read too
+    identity, metrics, cell = data.get("identity"), data.get("metrics"), data.get("cell_identity")
+    digest = data.get("identity_sha256", data.get("identity_hash"))
+    if not isinstance(identity, dict):
+        raise SampleFileError(f"{path}: 'identity' must be an object, got {type(identity).__name__}")
+    if not isinstance(digest, str) or not _HASH.fullmatch(digest):
+        raise SampleFileError(f"{path}: 'identity_sha256' must be 64 lowercase hex digits, got {digest!r:.80}")
+    if not digest.startswith(file.identity12):
+        raise SampleFileError(f"{path}: its name says identity {file.identity12}, its identity_sha256 is "
+                              f"{digest[:12]}")
+    if not isinstance(metrics, dict):
+        raise SampleFileError(f"{path}: 'metrics' must be an object, got {type(metrics).__name__}")
+    if cell is not None and not isinstance(cell, str):
+        raise SampleFileError(f"{path}: 'cell_identity' must be a string, got {type(cell).__name__}")
+    return Sidecar(identity, digest, metrics, cell)
+
+
+def _lines(path: Path) -> Iterator[tuple[str, dict]]:
+    """``(where, document)`` of each non-blank line of a samples file: a JSON object with an integer
+    doc_id and a metrics object, within the bounds."""
+    with _open_regular(path, MAX_SAMPLES_BYTES) as raw, gzip.GzipFile(fileobj=raw) as lines:
+        total = 0
+        for number in range(1, MAX_DOCUMENTS + 2):
+            try:
+                line = lines.readline(MAX_LINE_BYTES + 1)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise SampleFileError(f"{path}: not a complete gzip file ({exc})") from None
+            if not line:
+                break
+            total += len(line)
+            if number > MAX_DOCUMENTS:
+                raise SampleFileError(f"{path}: more than {MAX_DOCUMENTS} documents")
+            if len(line) > MAX_LINE_BYTES:
+                raise SampleFileError(f"{path} line {number}: longer than {MAX_LINE_BYTES} bytes")
+            if total > MAX_SAMPLES_BYTES:
+                raise SampleFileError(f"{path}: more than {MAX_SAMPLES_BYTES} bytes once decompressed")
+            if not line.strip():
+                continue
+            where = f"{path} line {number}"
+            yield where, _document(where, line)
+
+
+def _json_object(where: str, raw: bytes, what: str) -> dict:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SampleFileError(f"{where}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise SampleFileError(f"{where}: {what} is a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _document(where: str, line: bytes) -> dict:
+    doc = _json_object(where, line, "a document")
+    doc_id, metrics = doc.get("doc_id"), doc.get("metrics")
+    if type(doc_id) is not int or not 0 <= doc_id <= MAX_DOC_ID:
+        raise SampleFileError(f"{where}: 'doc_id' must be an integer in [0, 2**53], got {doc_id!r:.40}")
+    if not isinstance(metrics, dict):
+        raise SampleFileError(f"{where}: 'metrics' must be an object, got {type(metrics).__name__}")
+    if len(metrics) > MAX_METRICS:
+        raise SampleFileError(f"{where}: {len(metrics)} metrics, more than {MAX_METRICS}")
+    if any(len(name) > 200 for name in metrics):
+        raise SampleFileError(f"{where}: a metric name longer than 200 characters")
+    return doc
+
+
+def read_documents(file: SampleFile) -> list[dict]:
+    """Every document of ``file``'s samples, whole (target, resps, metrics as written), sorted by doc_id."""
+    documents = sorted((doc for _, doc in _lines(file.samples)), key=lambda doc: doc["doc_id"])
+    _once_each(file.samples, np.asarray([doc["doc_id"] for doc in documents], dtype=np.int64))
+    return documents
+
+
+def read_samples(file: SampleFile) -> TaskSamples:
+    """Every document's metric values, as arrays: each value a finite number or a ``[loglikelihood, weight]``
+    pair, each metric on every document."""
+    path = file.samples
+    ids: list[int] = []
+    values: dict[str, list] = {}
+    for where, doc in _lines(path):
+        metrics = doc["metrics"]
+        if not metrics:
+            raise SampleFileError(f"{where}: 'metrics' must be a non-empty object")
+        for name, value in metrics.items():
+            if not (_number(value) or (isinstance(value, list) and len(value) == 2 and all(map(_number, value)))):
+                raise SampleFileError(f"{where}: metric {name!r} must be a finite number or a [loglikelihood, "
+                                      f"weight] pair, got {json.dumps(value)[:60]}")
+            values.setdefault(name, []).append(value)
+        ids.append(doc["doc_id"])
+    if not ids:
+        raise SampleFileError(f"{path}: no documents")
+    order = np.argsort(np.asarray(ids, dtype=np.int64), kind="stable")
+    doc_ids = np.asarray(ids, dtype=np.int64)[order]
+    _once_each(path, doc_ids)
+    arrays = {}
+    for name, column in values.items():
+        if len(column) != len(ids):
+            raise SampleFileError(f"{path}: metric {name!r} is on {len(column)} of {len(ids)} documents")
+        shapes = {isinstance(v, list) for v in column}
+        if len(shapes) > 1:
+            raise SampleFileError(f"{path}: metric {name!r} is a number on some documents and a pair on others")
+        arrays[name] = np.asarray(column, dtype=np.float64)[order]
+    return TaskSamples(file, doc_ids, arrays)
+
+
+def _once_each(path: Path, doc_ids: np.ndarray) -> None:
+    """``doc_ids`` (sorted) names each document once."""
+    repeated = doc_ids[1:][doc_ids[1:] == doc_ids[:-1]]
+    if repeated.size:
+        raise SampleFileError(f"{path}: doc_id {int(repeated[0])} appears more than once")
+
+
+def _number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def read_step(run_dir: Path, suite: str, task: str, step: int,
+              identity: str | None = None) -> tuple[Sidecar, list[dict]]:
+    """``(sidecar, documents)`` of one (suite, task, step), under ``identity`` (a prefix of its hash) or
+    else the current one; SamplesNotFound when there is none, SampleFileError when it is malformed."""
+    file = find_samples(run_dir, suite, task, step, identity)
+    return read_sidecar(file), read_documents(file)

@@ -80,7 +80,6 @@ class SuiteRunner:
         os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # tasks and data are local: never download
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import lm_eval
-        from lm_eval.tasks import TaskManager
 
         from evald.pipeline.lm_adapter import EvaldLM
 

@@ -5,8 +5,8 @@ pointer, and the run summary.
 - ``tensorboard.py`` (the outbox's writer), ``tensorboard_layout.py`` (the Custom Scalars layout, the shown tags)
 - ``control.py``, ``leases.py``, ``best_pointer.py``
 - ``summary.py`` (summary.json), ``summary_table.py`` (its Markdown table)
-- ``sample_files.py``: the suites' per-sample outputs read back (``evald compare``, the paired SE of a
-  suite monitor), validated and bounded
+- ``sample_files.py``: the paired SE of a suite monitor, from the per-sample outputs (read with
+  ``ledger/samples.py``)
 
 May import: config, contracts, ledger, decisions.
 """

@@ -235,22 +235,3 @@ def tag_counts_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> Coun
         except Exception:  # a torn tail: what was read before it stands
             continue
     return found
-
-
-def tags_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> dict[int, set[str]]:
-    """``{step: tags}`` of every record in ``logdir``'s event files (only ``steps`` when given)."""
-    from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
-
-    wanted = None if steps is None else set(steps)
-    found: dict[int, set[str]] = {}
-    for path in sorted(Path(logdir).glob("events.out.tfevents.*")):
-        try:
-            for raw in RawEventFileLoader(str(path)).Load():
-                event = event_pb2.Event.FromString(raw)
-                if not event.HasField("summary") or (wanted is not None and event.step not in wanted):
-                    continue
-                found.setdefault(event.step, set()).update(v.tag.removesuffix("/text_summary")
-                                                           for v in event.summary.value)
-        except Exception:  # a torn tail: what was read before it stands
-            continue
-    return found

@@ -1,9 +1,9 @@
 """The real ``python -m evald compare`` on a run directory a real evald made (it evaluated two steps of a
 real checkpoint directory, then exited), found by --ckpt-dir as ``evald status`` finds it.
 
-The suites' per-sample outputs are written here in the contract's format (docs/benchmarks.md): the
-suite evaluation that writes them is another branch's work (issue 17, section 5), so this test stands
-in for that writer, not for anything ``evald compare`` reads or does."""
+The suites' per-sample outputs are written here by evald's own writer (evald.ledger.samples; the format:
+docs/benchmarks.md) from chosen per-document values: it stands in for a suite evaluation (which
+tests/e2e/test_suites_e2e.py runs), not for anything ``evald compare`` reads or does."""
 
 from __future__ import annotations
 

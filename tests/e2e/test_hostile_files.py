@@ -24,7 +24,7 @@ import pytest
 import xxhash
 
 from evald.contracts import layout
-from tests import faults, hostile
+from tests import faults
 from tests.harness import run_dir, wait_for
 
 SECRET = b"S" * 1_234_567      # a size that appears nowhere else in evald's output

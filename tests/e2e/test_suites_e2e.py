@@ -27,7 +27,7 @@ def _cells(ckpt):
 
 
 def _toml(path, include, suites):
-    text = f'tokenizer_factory = "examples.tiny_lm.benchmarks:build_tokenizer"\n'
+    text = 'tokenizer_factory = "examples.tiny_lm.benchmarks:build_tokenizer"\n'
     for name, body in suites.items():
         text += f"[suites.{name}]\ninclude_path = [{json.dumps(include)}]\n{body}\n"
     path.write_text(text)

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 REMOVED_SECTION = "## What changed from evald 0.1"

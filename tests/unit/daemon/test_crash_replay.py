@@ -24,7 +24,7 @@ from evald.contracts import layout, wire
 from evald.pipeline.network import EvalResult
 from evald.ledger.ledger import EVALUATED, Ledger
 from evald.daemon.server import Server
-from evald.ledger.samples import read_samples
+from evald.ledger.samples import read_step
 from evald.pipeline.pipeline import Evaluated, SuiteEvaluated
 from evald.sinks.tensorboard import EventLog
 from evald.pipeline.subset import SubsetInfo
@@ -62,7 +62,7 @@ class StandInPipeline:
         samples = [{"doc_id": 0, "target": "1", "resps": [[-1.0, False]], "metrics": {"acc": 1.0}}]
         task = SimpleNamespace(metrics={"acc": 1.0, "acc_stderr": 0.0}, samples=samples, documents=1)
         result = SimpleNamespace(tasks={"t": task}, identity={"suite": name, "lm_eval": "0.4.13"},
-                                 identity_sha256="s" * 64,
+                                 identity_sha256="5" * 64,
                                  evaluate_s=0.0, compiled_graphs=2, tokens=10,
                                  scalars=lambda: {f"{name}/t/acc": LOSS[row.step], f"{name}/t/acc_stderr": 0.0})
         return SuiteEvaluated(result, 0.0, {})
@@ -205,8 +205,8 @@ def check(logdir, crash: str = "no crash") -> None:
     assert raw_scalar_steps(logdir, "eval/fast/t/acc") == list(STEPS), crash  # one point per cell, ever
     assert raw_scalar_steps(logdir, "eval/fast/t/acc_stderr") == list(STEPS), crash
     for step in STEPS:
-        head, samples = read_samples(logdir, "fast", "t", step)
-        assert samples[0]["metrics"] == {"acc": 1.0} and head["cell_identity"] == "c" * 64, crash
+        head, samples = read_step(logdir, "fast", "t", step)
+        assert samples[0]["metrics"] == {"acc": 1.0} and head.cell_identity == "c" * 64, crash
     assert raw_scalar_steps(logdir, "eval/loss") == list(STEPS), crash  # one point per step, ever
     assert raw_scalar_steps(logdir, "evald/evaluate_s") == list(STEPS), crash
     # TensorBoard's Custom Scalars layout: once, at the first evaluation, whatever crashed in between

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from evald.pipeline.group_protocol import GENERATE, SCORE, Group
+from evald.pipeline.group_protocol import SCORE, Group
 from evald.pipeline.group_scoring import GroupScorer, generate_share, score_share
 from evald.pipeline.scoring import GenerateRequest, ScoreRequest, TokenScores
 

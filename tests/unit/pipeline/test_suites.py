@@ -13,7 +13,7 @@ ms = pytest.importorskip("mindspore")
 pytest.importorskip("lm_eval")
 
 from evald.config.options import SuiteOptions  # noqa: E402
-from evald.ledger.samples import read_samples, write_samples  # noqa: E402
+from evald.ledger.samples import read_step, write_samples  # noqa: E402
 from evald.pipeline.suites import SuiteRunner  # noqa: E402
 from evald.pipeline.tokenizer import ByteTokenizer  # noqa: E402
 from examples.tiny_lm.benchmarks import write_benchmarks  # noqa: E402
@@ -123,8 +123,9 @@ def test_per_sample_files_round_trip(mc, tmp_path):
                          identity_sha256=result.identity_sha256, cell_identity=runner.cell_identity,
                          metrics=task.metrics, samples=task.samples)
     assert path.name == f"step_40.{result.identity_sha256[:12]}.jsonl.gz"
-    head, samples = read_samples(tmp_path, "mc", "stdlib_next_line", 40)
-    assert samples == task.samples and head["identity"] == result.identity and head["metrics"] == task.metrics
+    head, samples = read_step(tmp_path, "mc", "stdlib_next_line", 40)
+    assert samples == sorted(task.samples, key=lambda s: s["doc_id"])
+    assert head.identity == result.identity and head.metrics == task.metrics
     assert set(samples[0]) == {"doc_id", "target", "resps", "metrics"}
     first = path.read_bytes()
     write_samples(tmp_path, suite="mc", task="stdlib_next_line", step=40, identity=result.identity,

@@ -4,10 +4,8 @@ refused is refused (bad bodies, oversize, slowloris, a full queue, no token)."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ ms = pytest.importorskip("mindspore")
 httpx = pytest.importorskip("httpx")
 
 from evald.config import ServeOptions  # noqa: E402
-from evald.pipeline.scoring import ScoreRequest  # noqa: E402
 from tests.harness import wait_for  # noqa: E402
 from tests.networks import demo_network_in_graph_mode
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402

@@ -13,7 +13,6 @@ import random
 import threading
 import time
 
-import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore")

@@ -207,14 +207,16 @@ def test_each_writer_rank_of_a_partitioned_run_deletes_only_its_own_released_par
     plans = [plan_partition([(n, a.shape, a.nbytes) for n, a in weights.items()], rank=r, writers=(0, 1))
              for r in (0, 1)]
     for step in (10, 20, 30):
-        for plan in plans:
-            part = {n: weights[n] if rows is None else weights[n][rows[0]:rows[1]] for n, rows in plan.rows.items()}
-            layout.write_checkpoint(ckpt, step, part, run_id="r", part=plan.part, slices=plan.slices)
+        for rank_plan in plans:
+            part = {n: weights[n] if rows is None else weights[n][rows[0]:rows[1]]
+                    for n, rows in rank_plan.rows.items()}
+            layout.write_checkpoint(ckpt, step, part, run_id="r", part=rank_plan.part, slices=rank_plan.slices)
     publisher.state = ControlState(run_id="r", seq=3, leases=(20, 30), released=(10,), best_step=None, lease_s=60.0)
     writers = []
-    for plan in plans:  # what the hook builds on every writer rank
+    for rank_plan in plans:  # what the hook builds on every writer rank
         retention = Retention(ckpt, keep_last=2, control_endpoint=endpoint, run_id="r")
-        writers.append(SnapshotWriter(ckpt, "r", on_committed=lambda *a: None, partition=plan, retention=retention))
+        writers.append(SnapshotWriter(ckpt, "r", on_committed=lambda *a: None, partition=rank_plan,
+                                      retention=retention))
         until_heard(retention)
     assert [[s for s, _ in w.own_snapshots()] for w in writers] == [[10, 20, 30], [10, 20, 30]]
     assert not writers[0].retention.make_room(40, 1024)  # rank 0 deletes its part of 10; 20, 30 are leased
