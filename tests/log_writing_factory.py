@@ -1,6 +1,7 @@
 """A model factory that, like MindFormers (mindformers.tools.utils.get_log_path), creates its log directory
 on import: ``$LOG_MF_PATH``, else ``./output/log`` in the current directory. It stands in for MindFormers,
-which this machine cannot install (docs/mindformers.md), in tests/e2e/test_framework_logs.py."""
+which the project's .venv does not carry (the real one runs in .venv-mindformers, in
+tests/e2e/test_mindformers_recipe.py), in tests/e2e/test_framework_logs.py."""
 
 from __future__ import annotations
 

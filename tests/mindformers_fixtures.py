@@ -1,7 +1,7 @@
 """MindFormers 2.0's checkpoint layout, written by MindSpore's own ``save_checkpoint``.
 
-MindFormers itself is not installable from the registries alone (its hyper-parallel
-dependency is missing there), so these files are written the way its
+MindFormers is not in the project's .venv (tests/e2e/test_mindformers_recipe.py runs the real
+one, in .venv-mindformers), so for the other tests these files are written the way its
 ``CheckpointMonitor`` writes them (mindformers/core/callback/callback.py, 2.0.0), with
 the same calls, names, contents and permissions:
 

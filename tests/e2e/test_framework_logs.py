@@ -2,7 +2,8 @@
 factory imports a framework (MindFormers) that writes ``./output/log`` on import.
 
 The factory is tests/log_writing_factory.py, a stand-in that creates its log directory exactly as
-MindFormers does ($LOG_MF_PATH, else ./output/log), because MindFormers cannot be installed here.
+MindFormers does ($LOG_MF_PATH, else ./output/log), because the project's .venv has no MindFormers
+(tests/e2e/test_mindformers_recipe.py runs the real one, in .venv-mindformers).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """docs/mindformers.md is a recipe that runs (issue 18, item 9), as far as this machine can tell.
 
-MindFormers is not installed here (its ``hyper-parallel`` dependency is not on the package
-index, and evald does not depend on it), so this checks what can be checked without it:
+This is the fast layer, without MindFormers (evald does not depend on it; the project's .venv
+does not carry it). tests/e2e/test_mindformers_recipe.py follows the page with the real MindFormers,
+in .venv-mindformers. Here, in seconds:
 
 * every Python, YAML, TOML and shell snippet of the page parses;
 * every ``evald`` command and the TOML pass evald's own validation (``parse_config``, the
@@ -13,7 +14,7 @@ index, and evald does not depend on it), so this checks what can be checked with
 * the page's ``mypkg`` modules, written out as the page names them, run: the data factory for
   real, through evald's own factory loader, and the model factory with a STAND-IN for
   ``mindformers`` (LlamaConfig / LlamaForCausalLM that record their arguments and return
-  MindFormers' eval-mode triple), because MindFormers cannot be installed here;
+  MindFormers' eval-mode triple), because the project's .venv has no MindFormers;
 * the page cites no machine-local path, states the mode of ``checkpoint_network/``, shows a CPU
   device, and the README's MindFormers example agrees with the page.
 """
@@ -113,7 +114,7 @@ def test_the_factories_run(page, llama, tmp_path, monkeypatch):
             (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / path).write_text(code)
     (tmp_path / "mypkg" / "__init__.py").write_text("")
-    # STAND-IN for mindformers (not installable here): records the config, returns the eval-mode triple.
+    # STAND-IN for mindformers (not in this venv): records the config, returns the eval-mode triple.
     (tmp_path / "stand_in" / "mindformers").mkdir(parents=True)
     (tmp_path / "stand_in" / "mindformers" / "__init__.py").write_text(
         "from mindspore import nn\n"

@@ -2,8 +2,9 @@
 MFTrainOneStepCell, its 5-tuple outputs, the learning rate of the step that ran, a train cell whose
 weights cannot be told apart, and where the announced factories are imported from.
 
-MindFormers itself cannot be installed here (its hyper-parallel dependency is not on the
-registries), so ``MindFormersLikeTrainStep`` reproduces its wrapper's shape with MindSpore's own
+MindFormers is not in the project's .venv (only in .venv-mindformers, for the recipe test,
+tests/e2e/test_mindformers_recipe.py, which trains with the real one), so for these fast tests
+``MindFormersLikeTrainStep`` reproduces its wrapper's shape with MindSpore's own
 ``TrainOneStepWithLossScaleCell``: it holds ``network``, ``optimizer``, ``scale_sense`` and a
 ``DynamicLossScaleUpdateCell``'s parameters, checks overflow the way MindFormers' CPU workaround
 does (shared/notes/mindformers), and returns ``(loss, overflow, loss_scale, learning_rate,
