@@ -48,30 +48,27 @@ def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
     assert summary["final_step"] == 60 and summary["checkpoints"] == {"evaluated": 3}
 
 
-def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=20, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    assert committed_steps(ckpt) == [10, 20]
+def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_path, endpoints, procs,
+                                                                          finished_training):
+    ckpt = finished_training.ckpt  # trained while no evald ran (tests/conftest.py)
+    assert committed_steps(ckpt) == [10, 20, 30, 40]
 
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all",
                                               "--idle-exit-s", "2", "--endpoint", "none"])
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
-    assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [10, 20]
+    assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [10, 20, 30, 40]
 
 
-def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=10, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs, finished_training):
+    ckpt = finished_training.ckpt
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--idle-exit-s", "2", "--endpoint", "none"],
                         cpu=None)
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
-    [(step, _, reported)] = scalar_points(run_dir(ckpt), "eval/loss")
+    points = scalar_points(run_dir(ckpt), "eval/loss")
+    assert [s for s, _, _ in points] == committed_steps(ckpt) == [10, 20, 30, 40]
+    step, _, reported = points[-1]  # the last checkpoint's reported loss, recomputed below
 
     # Which samples evald used, the documented way: `evald subset --logdir LOGDIR`.
     shown = subprocess.run([sys.executable, "-m", "evald", "subset", "--logdir", str(run_dir(ckpt))],
@@ -79,8 +76,9 @@ def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
     indices = [int(line) for line in shown.stdout.split()]
     recorded = json.loads((run_dir(ckpt) / "subset.json").read_text())
     assert len(indices) == 64 and indices == recorded["indices"] and recorded["sha256"] in shown.stderr
-    [(_, text)] = text_events(run_dir(ckpt), "evald/subset/text_summary")
-    assert recorded["sha256"][:12] in text  # the hash is in TensorBoard beside every point
+    texts = text_events(run_dir(ckpt), "evald/subset/text_summary")
+    assert [s for s, _ in texts] == [10, 20, 30, 40]
+    assert all(recorded["sha256"][:12] in text for _, text in texts)  # the hash is in TensorBoard beside every point
     reference = in_process_loss(ckpt, step, indices)
     assert abs(reported - reference) / reference < 1e-5, (reported, reference)
     # the first 64 samples are not what evald evaluated: without the indices no check can match
@@ -114,12 +112,9 @@ def in_process_loss(ckpt, step, indices):
     return total / count
 
 
-def test_training_without_evald_finishes_normally(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=40, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    output = trainer.output()
+def test_training_without_evald_finishes_normally(finished_training):
+    ckpt = finished_training.ckpt  # the session's run: custom loop, 40 steps, nobody listening; it exited 0
+    output = finished_training.output
     assert "Traceback" not in output and " ERROR " not in output
     stats = hook_stats(output)
     assert stats["hook_errors"] == 0 and stats["snapshots_skipped_busy"] == 0
