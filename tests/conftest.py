@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.harness import Proc, start_trainer  # noqa: E402
+from tests.harness import Proc, start_evald, start_trainer  # noqa: E402
 
 
 @pytest.fixture
@@ -87,3 +87,31 @@ def finished_training(_finished_training_run, tmp_path) -> FinishedTraining:
     shutil.copytree(ckpt, copy, symlinks=True)
     return FinishedTraining(copy, output)
 
+
+@dataclass
+class SideBySideRun:
+    ckpt: Path            # work/demo/ckpt, the demo's layout; evald's run directory is work/demo/tensorboard/demo
+    trainer_code: int | None
+    trainer_output: str
+    evald_code: int | None
+    evald_output: str
+
+
+@pytest.fixture(scope="session")
+def side_by_side_run(tmp_path_factory) -> SideBySideRun:
+    """The demo, once per session: a real evald given no directory and no model (--lag-policy all), and a
+    real training run beside it (Model.train, 60 steps, a checkpoint every 20) that announces itself to it;
+    both waited for. tests/e2e/test_end_to_end.py checks what evald wrote, tests/e2e/test_views.py what
+    TensorBoard shows of it (in a copy). Read it, do not write to it."""
+    work = tmp_path_factory.mktemp("side-by-side")
+    env = _private_endpoints()
+    evald = start_evald(work, env, ["--lag-policy", "all"])
+    trainer = start_trainer(work, work / "demo" / "ckpt", env, steps=60, every=20)
+    try:
+        trainer_code = _exit_code(trainer, 300)
+        evald_code = _exit_code(evald, 180)
+        run = SideBySideRun(work / "demo" / "ckpt", trainer_code, trainer.output(), evald_code, evald.output())
+    finally:
+        trainer.kill()
+        evald.kill()
+    return run

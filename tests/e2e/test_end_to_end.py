@@ -11,18 +11,16 @@ import numpy as np
 import pytest
 
 from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, run_dir, scalar_points, start_evald,
-                           start_trainer, text_events)
+                           text_events)
 
 
-def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    # evald is given no directory and no model: it learns both from the trainer's announcement.
-    evald = start_evald(tmp_path, endpoints, ["--lag-policy", "all"])
-    procs.append(evald)
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=60, every=20)
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    assert evald.wait(180) == 0, evald.output()[-3000:]
+def test_trainer_and_evald_side_by_side(side_by_side_run):
+    # The session's run (tests/conftest.py): evald is given no directory and no model, it learns both from
+    # the trainer's announcement; a Model.train run of 60 steps, a checkpoint every 20.
+    run = side_by_side_run
+    ckpt = run.ckpt
+    assert run.trainer_code == 0, run.trainer_output[-3000:]
+    assert run.evald_code == 0, run.evald_output[-3000:]
 
     committed = committed_steps(ckpt)
     assert committed == [20, 40, 60]
