@@ -11,18 +11,16 @@ import numpy as np
 import pytest
 
 from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, run_dir, scalar_points, start_evald,
-                           start_trainer, text_events)
+                           text_events)
 
 
-def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    # evald is given no directory and no model: it learns both from the trainer's announcement.
-    evald = start_evald(tmp_path, endpoints, ["--lag-policy", "all"])
-    procs.append(evald)
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=60, every=20)
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    assert evald.wait(180) == 0, evald.output()[-3000:]
+def test_trainer_and_evald_side_by_side(side_by_side_run):
+    # The session's run (tests/conftest.py): evald is given no directory and no model, it learns both from
+    # the trainer's announcement; a Model.train run of 60 steps, a checkpoint every 20.
+    run = side_by_side_run
+    ckpt = run.ckpt
+    assert run.trainer_code == 0, run.trainer_output[-3000:]
+    assert run.evald_code == 0, run.evald_output[-3000:]
 
     committed = committed_steps(ckpt)
     assert committed == [20, 40, 60]
@@ -48,30 +46,26 @@ def test_trainer_and_evald_side_by_side(tmp_path, endpoints, procs):
     assert summary["final_step"] == 60 and summary["checkpoints"] == {"evaluated": 3}
 
 
-def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=20, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    assert committed_steps(ckpt) == [10, 20]
+def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_path, endpoints, procs,
+                                                                          finished_training):
+    ckpt = finished_training.ckpt  # trained while no evald ran (tests/conftest.py)
+    assert committed_steps(ckpt) == [10, 20, 30, 40]
 
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all",
                                               "--idle-exit-s", "2", "--endpoint", "none"])
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
-    assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [10, 20]
+    assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [10, 20, 30, 40]
 
 
-def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=10, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs, finished_training):
+    ckpt = finished_training.ckpt
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--idle-exit-s", "2", "--endpoint", "none"],
                         cpu=None)
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
     [(step, _, reported)] = scalar_points(run_dir(ckpt), "eval/loss")
+    assert step == 40  # the default lag policy, latest: the newest of the four checkpoints
 
     # Which samples evald used, the documented way: `evald subset --logdir LOGDIR`.
     shown = subprocess.run([sys.executable, "-m", "evald", "subset", "--logdir", str(run_dir(ckpt))],
@@ -114,12 +108,9 @@ def in_process_loss(ckpt, step, indices):
     return total / count
 
 
-def test_training_without_evald_finishes_normally(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=40, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    output = trainer.output()
+def test_training_without_evald_finishes_normally(finished_training):
+    ckpt = finished_training.ckpt  # the session's run: custom loop, 40 steps, nobody listening; it exited 0
+    output = finished_training.output
     assert "Traceback" not in output and " ERROR " not in output
     stats = hook_stats(output)
     assert stats["hook_errors"] == 0 and stats["snapshots_skipped_busy"] == 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import faults
-from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, start_trainer, wait_for
+from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, wait_for
 
 GROUP_TIMEOUT_S = 600
 
@@ -35,11 +35,8 @@ def group_args(log_dir: Path) -> list[str]:
 
 # --- real msrun groups --------------------------------------------------------------------------
 
-def test_two_eval_ranks_give_exactly_the_numbers_of_one(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=40, every=20, loop="custom", cpu=None)
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-2000:]
+def test_two_eval_ranks_give_exactly_the_numbers_of_one(tmp_path, endpoints, procs, finished_training):
+    ckpt = finished_training.ckpt  # a real training run's checkpoints 10 to 40 (tests/conftest.py)
     common = ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--lag-policy", "all",
               "--generation", '{"prompts": 3, "new_tokens": 8}']  # 3 prompts: split 2 + 1 (padded)
     one = start_evald(tmp_path, endpoints, ["--device", "0", "--logdir", str(tmp_path / "one"), *common],
@@ -53,7 +50,7 @@ def test_two_eval_ranks_give_exactly_the_numbers_of_one(tmp_path, endpoints, pro
 
     runs = {d: run_dir(ckpt, tmp_path / d) for d in ("one", "two")}
     single, group = ledger_metrics(ckpt, tmp_path / "one"), ledger_metrics(ckpt, tmp_path / "two")
-    assert sorted(single) == sorted(group) == [20, 40]
+    assert sorted(single) == sorted(group) == [10, 20, 30, 40]
     for step in single:
         assert set(single[step]) == set(group[step]) and any(k.startswith("sample/") for k in single[step])
         for key, value in single[step].items():
@@ -61,7 +58,7 @@ def test_two_eval_ranks_give_exactly_the_numbers_of_one(tmp_path, endpoints, pro
     subsets = [json.loads((runs[d] / "subset.json").read_text())["sha256"] for d in ("one", "two")]
     assert subsets[0] == subsets[1]
     losses = [[v for _, _, v in scalar_points(runs[d], "eval/loss")] for d in ("one", "two")]
-    assert losses[0] == losses[1] and len(losses[0]) == 2
+    assert losses[0] == losses[1] and len(losses[0]) == 4
     worker_1 = (tmp_path / "msrun" / "worker_1.log").read_text(errors="replace")
     assert "eval rank 1 of 2" in worker_1 and "rank 0 ended the group" in worker_1
     assert "rank 0 evaluates 2 of 4 batches" in two.output()

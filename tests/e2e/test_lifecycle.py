@@ -13,7 +13,7 @@ import time
 
 from evald.contracts import layout, wire
 from tests import faults
-from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, start_trainer, wait_for
+from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, wait_for
 
 # The whole validation set in batches of 8: an evaluation lasts seconds, so a signal lands in one.
 SLOW = ("--subset-size", "100000", "--batch-size", "8")
@@ -142,19 +142,17 @@ def test_the_network_is_compiled_at_start_before_the_first_checkpoint(tmp_path, 
     assert _steps(ckpt, "evaluated")[-1] == 20 and "evaluation network ready" in evald.output().split("found step")[0]
 
 
-def test_an_evald_that_missed_the_end_of_the_run_finishes_it_and_exits_0(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    # Nobody listens while the trainer runs: its run_finished message is lost.
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=30, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+def test_an_evald_that_missed_the_end_of_the_run_finishes_it_and_exits_0(tmp_path, endpoints, procs,
+                                                                          finished_training):
+    # Nobody listened while the trainer ran (tests/conftest.py): its run_finished message was lost.
+    ckpt = finished_training.ckpt
     end = json.loads((ckpt / layout.RUN_END_FILE).read_text())  # ... but its end is on disk
-    assert end["type"] == "run_finished" and end["final_step"] == 30
+    assert end["type"] == "run_finished" and end["final_step"] == 40
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all"])  # no idle exit
     procs.append(evald)
     assert evald.wait(180) == 0, evald.output()[-3000:]
     summary = json.loads((run_dir(ckpt) / "summary.json").read_text())
-    assert summary["final_step"] == 30 and summary["checkpoints"] == {"evaluated": 3}
+    assert summary["final_step"] == 40 and summary["checkpoints"] == {"evaluated": 4}
     assert f"learned from {ckpt / layout.RUN_END_FILE}" in evald.output()
 
 

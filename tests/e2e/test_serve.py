@@ -61,15 +61,12 @@ def _echo(client, model: str, prompt: str) -> httpx.Response:
                                                 "logprobs": 1, "temperature": 0})
 
 
-def test_lm_eval_and_the_openai_client_against_evald_serve(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=30, every=10, loop="custom")
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
+def test_lm_eval_and_the_openai_client_against_evald_serve(tmp_path, endpoints, procs, finished_training):
+    ckpt = finished_training.ckpt  # a real training run's checkpoints 10 to 40 (tests/conftest.py)
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all", "--endpoint", "none",
                                               "--serve", "127.0.0.1:0", "--serve-forever"])
     procs.append(evald)
-    url, run = _serving(ckpt, [10, 20, 30])
+    url, run = _serving(ckpt, [10, 20, 30, 40])
 
     # A/B/A: step 10, then 30, then 10 again; each answer names the digest its evaluation recorded.
     prompts = ["import os\nimport sys\n", "def main(argv):\n    return 0", "x = {'a': [1, 2.5]}"]
@@ -89,8 +86,8 @@ def test_lm_eval_and_the_openai_client_against_evald_serve(tmp_path, endpoints, 
                            env=_client_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert shown.returncode == 0, shown.stderr[-3000:]
     example = json.loads(shown.stdout.strip().splitlines()[-1])
-    assert example["model"] == f"{run}@30" and example["evald"]["snapshot"] == _provenance(ckpt, 30)
-    assert example["header_step"] == "30" and example["token_logprobs"][0] is None
+    assert example["model"] == f"{run}@40" and example["evald"]["snapshot"] == _provenance(ckpt, 40)
+    assert example["header_step"] == "40" and example["token_logprobs"][0] is None
 
     # lm-eval's local-completions on step 20, as docs/serving.md shows it ...
     task_dir = tmp_path / "task"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import faults
-from tests.harness import PYTHON, Proc, base_env, committed_steps, start_evald, start_trainer, wait_for
+from tests.harness import PYTHON, Proc, base_env, committed_steps, wait_for
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run")
@@ -39,19 +39,19 @@ def get(base: str, path: str, **query: str):
         return json.loads(response.read())
 
 
-def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, endpoints, procs):
+def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, procs, side_by_side_run):
     chromium = browser()
-    ckpt = tmp_path / "demo" / "ckpt"  # the demo's layout: runs/demo/ckpt
-    evald = start_evald(tmp_path, endpoints, ["--lag-policy", "all"])
-    procs.append(evald)
-    trainer = start_trainer(tmp_path, ckpt, endpoints, steps=60, every=20)
-    procs.append(trainer)
-    assert trainer.wait(300) == 0, trainer.output()[-3000:]
-    assert evald.wait(300) == 0, evald.output()[-3000:]
+    # The session's demo run (tests/conftest.py): evald beside a Model.train run of 60 steps, a checkpoint
+    # every 20, in the demo's layout runs/demo/ckpt. This test adds a run to the log directory: a copy.
+    run = side_by_side_run
+    assert run.trainer_code == 0, run.trainer_output[-3000:]
+    assert run.evald_code == 0, run.evald_output[-3000:]
+    assert "evald" not in {p.name for p in run.ckpt.iterdir()}  # nothing of evald's in the trainer's directory
+    shutil.copytree(run.ckpt.parent, tmp_path / "demo", symlinks=True)
+    ckpt = tmp_path / "demo" / "ckpt"
 
     logdir = tmp_path / "demo" / "tensorboard"  # the default: beside the checkpoint directory
     assert sorted(p.name for p in logdir.iterdir()) == ["demo"]
-    assert "evald" not in {p.name for p in ckpt.iterdir()}  # nothing of evald's in the trainer's directory
     # A second run shares the log directory (evaluations only: no trainer, a checkpoint on disk).
     other = tmp_path / "lr-3e-4" / "ckpt"
     faults.announce(other)
