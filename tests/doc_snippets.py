@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
@@ -33,3 +34,21 @@ def evald_commands(text: str) -> list[list[str]]:
             if words and words[0] == "evald":
                 commands.append(words[1:])
     return commands
+
+
+def write_python_files(text: str, root: Path, under: str = "") -> list[str]:
+    """Write the page's named Python files (those under ``under``) into ``root``, as the page names them."""
+    written = []
+    for path, code in python_files(text).items():
+        if path.startswith(under):
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(code)
+            written.append(path)
+    return written
+
+
+def run_python_file(text: str, path: str) -> dict:
+    """The namespace of the page's Python file ``path``, run as it stands (the page's own snippet)."""
+    namespace: dict = {}
+    exec(python_files(text)[path], namespace)  # noqa: S102 - the page's own snippet
+    return namespace

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.doc_snippets import blocks, evald_commands, python_files
+from tests.doc_snippets import blocks, evald_commands, run_python_file, write_python_files
 from tests.faults import ledger_files, ledger_rows
 from tests.harness import REPO, run_dir, scalar_points
 
@@ -63,19 +63,12 @@ def _mf_env(tmp: Path) -> dict[str, str]:
 def _run(recipe: Recipe, args: list[str], name: str, cwd: Path, cpu: int, timeout: float
          ) -> subprocess.CompletedProcess:
     with open(recipe.logs / f"{name}.log", "wb") as log:
-        done = subprocess.run(["taskset", "-c", str(cpu), str(MF_PYTHON), *args], cwd=cwd, env=recipe.env,
+        return subprocess.run(["taskset", "-c", str(cpu), str(MF_PYTHON), *args], cwd=cwd, env=recipe.env,
                               stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    return done
 
 
 def _log(recipe: Recipe, name: str) -> str:
     return (recipe.logs / f"{name}.log").read_text(errors="replace")
-
-
-def _write_page_files(page: str, root: Path) -> None:
-    for path, code in python_files(page).items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(code)
 
 
 def _section_command(page: str, *, section: int) -> list[str]:
@@ -94,10 +87,8 @@ def recipe(tmp_path_factory) -> Recipe:
     root.mkdir()
     logs.mkdir()
     page = PAGE.read_text()
-    _write_page_files(page, root)
-    namespace: dict = {}
-    exec(python_files(page)["mypkg/llama.py"], namespace)  # noqa: S102 - the page's own snippet
-    recipe = Recipe(root, logs, _mf_env(tmp), page, namespace["LLAMA"])
+    write_python_files(page, root)
+    recipe = Recipe(root, logs, _mf_env(tmp), page, run_python_file(page, "mypkg/llama.py")["LLAMA"])
 
     # Section 2: evald first (the page: "beside it, from the same directory"), then the training script.
     evald_args = _section_command(page, section=2)

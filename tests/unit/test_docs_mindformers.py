@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.doc_snippets import blocks, evald_commands, python_files
+from tests.doc_snippets import blocks, evald_commands, python_files, run_python_file, write_python_files
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "mindformers.md"
@@ -45,9 +45,7 @@ def page() -> str:
 
 @pytest.fixture(scope="module")
 def llama(page) -> dict:
-    namespace: dict = {}
-    exec(python_files(page)["mypkg/llama.py"], namespace)  # noqa: S102 - the page's own snippet
-    return namespace["LLAMA"]
+    return run_python_file(page, "mypkg/llama.py")["LLAMA"]
 
 
 def test_every_snippet_parses(page):
@@ -109,10 +107,7 @@ def test_the_factories_run(page, llama, tmp_path, monkeypatch):
     from evald.contracts.wire import FactorySpec
     from evald.pipeline.factories import call_factory
 
-    for path, code in python_files(page).items():
-        if path.startswith("mypkg/"):
-            (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / path).write_text(code)
+    write_python_files(page, tmp_path, under="mypkg/")
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     # STAND-IN for mindformers (not in this venv): records the config, returns the eval-mode triple.
     (tmp_path / "stand_in" / "mindformers").mkdir(parents=True)
