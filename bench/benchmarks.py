@@ -51,8 +51,8 @@ def throughput(include: str, mc_docs: int, reps: int, d_model: int = 96, layers:
     import mindspore as ms
     import numpy as np
 
-    from evald.pipeline.suites import SuiteRunner
-    from evald.pipeline.tokenizer import ByteTokenizer
+    from evald.pipeline.suites.runner import SuiteRunner
+    from evald.pipeline.suites.tokenizer import ByteTokenizer
     from examples.tiny_lm.model import build_model
 
     ms.set_context(mode=ms.GRAPH_MODE)

@@ -188,7 +188,7 @@ def evald(total: int, root: Path, reps: int) -> dict:
     import mindspore as ms
 
     from evald.contracts import layout, parallel_io
-    from evald.pipeline.hot_swap import NetworkWeights
+    from evald.pipeline.swap.hot_swap import NetworkWeights
 
     ms.set_context(mode=ms.GRAPH_MODE)
     net = _network(total, seed=None)

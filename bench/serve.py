@@ -41,8 +41,8 @@ def part1(requests: int, clients: int, prompts: int, reps: int) -> dict:
 
     from evald.config import ServeOptions
     from evald.pipeline.network import Held
-    from evald.pipeline.scoring import TokenScorer
-    from evald.pipeline.tokenizer import ByteTokenizer
+    from evald.pipeline.suites.scoring import TokenScorer
+    from evald.pipeline.suites.tokenizer import ByteTokenizer
     from evald.serve import engine
     from evald.serve.app import Context, build_app
     from evald.serve.http_thread import HttpThread

@@ -1,4 +1,4 @@
-"""What proving a hot swap costs, next to the swap itself (evald.pipeline.swap_check).
+"""What proving a hot swap costs, next to the swap itself (evald.pipeline.swap.swap_check).
 
     .venv/bin/python -m bench.swap_check            # --gb 0.25,1 --params 32,2048 --reps 5
 
@@ -43,8 +43,8 @@ def measure(gb: float, params: int, reps: int, root: Path) -> dict[str, float]:
     import mindspore as ms
 
     from evald.contracts import layout
-    from evald.pipeline.hot_swap import NetworkWeights
-    from evald.pipeline.swap_check import check
+    from evald.pipeline.swap.hot_swap import NetworkWeights
+    from evald.pipeline.swap.swap_check import check
 
     total = int(gb * (1 << 30))
     net = _network(total, params)

@@ -10,7 +10,7 @@ every parameter the optimizer trains, then down ``network``/``_backbone`` attrib
 below the cell that holds the optimizer, it cannot tell the weights from the train
 cell's other state, and ``model_of`` says which parameters it is unsure of. A loss cell
 of other attribute names (``LMLoss(model)``) stays: its prefix (``model.``) is fitted by
-evald (evald.pipeline.name_fit).
+evald (evald.pipeline.swap.name_fit).
 
 **The outputs.** ``(loss, grad_norm)`` (trainer_hooks.TrainStepWithGradNorm),
 ``(loss, overflow, loss_scale)`` (``TrainOneStepWithLossScaleCell``) and MindFormers'

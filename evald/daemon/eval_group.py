@@ -9,7 +9,7 @@ scheduler and one worker per device, each running ``python -m evald`` with the s
 arguments. A worker takes device ``ids[local rank]`` and joins the group with
 ``mindspore.communication.init()``. Rank 0 (node 0, first device) is a complete evald:
 it binds the sockets, keeps the ledger, TensorBoard and the decisions, and gives the
-other ranks their commands (evald.pipeline.group_evaluator). The other ranks only evaluate.
+other ranks their commands (evald.pipeline.group.evaluator). The other ranks only evaluate.
 
 Signals: the launcher passes SIGTERM/SIGINT on to the workers. Rank 0 handles them as a
 one-device evald does (the first finishes the current evaluation, then the group exits;
@@ -240,12 +240,12 @@ def worker(resolved: ResolvedConfig) -> int:
     if config.log_format == "text":  # say which rank speaks (msrun's logs are per rank anyway)
         for handler in logging.getLogger().handlers:
             handler.setFormatter(logging.Formatter(logs.TEXT_FORMAT.replace("%(name)s", f"rank{rank} %(name)s")))
-    from evald.pipeline.group_protocol import Group
+    from evald.pipeline.group.protocol import Group
 
     group = Group(rank, size)
     if rank != 0:
         log.info("eval rank %d of %d on device %d: waiting for rank 0's commands", rank, size, config.device.ids[local])
-        from evald.pipeline.group_evaluator import follow
+        from evald.pipeline.group.evaluator import follow
 
         return follow(group)
     from evald.daemon.server import Server

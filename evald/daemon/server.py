@@ -49,7 +49,7 @@ from evald.intake import trust
 from evald.intake.receiver import ZMQ, ZMQ_UNTRUSTED, Receiver
 from evald.ledger import disk_full
 from evald.ledger.ledger import LedgerVersionError
-from evald.pipeline.group_protocol import Group
+from evald.pipeline.group.protocol import Group
 from evald.pipeline.pipeline import EvaluationPipeline, Pipeline
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.serve.http_thread import ServeError

@@ -31,8 +31,8 @@ from typing import Any
 
 from evald.config import EvaldConfig
 from evald.ledger.ledger import EVALUATED, Ledger, Record
-from evald.pipeline.scoring import TokenScorer
-from evald.pipeline.tokenizer import Tokenizer, build_tokenizer
+from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.suites.tokenizer import Tokenizer, build_tokenizer
 from evald.serve.app import Context, build_app
 from evald.serve.http_thread import HttpThread, ServeError
 from evald.serve.jobs import JobQueue, ServeStats

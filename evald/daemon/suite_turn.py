@@ -31,7 +31,7 @@ from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, Ledger, Record
 from evald.ledger.samples import write_samples
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
-from evald.pipeline.tokenizer import TokenizerChanged, check_unchanged
+from evald.pipeline.suites.tokenizer import TokenizerChanged, check_unchanged
 from evald.sinks.sample_files import paired_se_of_monitor
 
 log = logging.getLogger("evald")

@@ -19,7 +19,7 @@ from evald.intake.lag_policy import CatchUp, decide
 from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, SKIPPED, DELETED, Ledger, Record, Step
 from evald.ledger.requeue import RETRY
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
-from evald.pipeline import provenance
+from evald.pipeline.swap import provenance
 from evald.pipeline.metrics.uncertainty import SE_SUFFIX, se_tag
 from evald.pipeline.pipeline import Evaluated, Failed, Pipeline, Retry
 from evald.pipeline.tasks.base import EvaluationInterrupted

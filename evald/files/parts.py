@@ -4,7 +4,7 @@ A partitioned snapshot (evald.contracts.partition) is N part directories, each
 committed on its own. The step counts as committed only when all N are and
 together they hold every parameter exactly once: no gap, no overlap, slices
 tiling each full shape (the evaluation network's own parameter list is checked
-when the step is loaded, evald.pipeline.weights). Parts from different runs, or that
+when the step is loaded, evald.pipeline.swap.weights). Parts from different runs, or that
 disagree on how many parts make the step, are an error at once. A step whose
 parts stay incomplete for ``timeout_s`` is recorded as incomplete, naming the
 missing parts and their ranks; it is never evaluated half-built.
@@ -12,7 +12,7 @@ missing parts and their ranks; it is never evaluated half-built.
 ``PartGroups`` is what the intake uses (in memory: after a restart the rescan finds
 the parts again and the wait starts over; a part already in the ledger is not
 read again). ``fit_problem`` is the one check that the parts make up a step; the
-pipeline (evald.pipeline.weights.load_parts) runs it again when it reads them.
+pipeline (evald.pipeline.swap.weights.load_parts) runs it again when it reads them.
 """
 
 from __future__ import annotations

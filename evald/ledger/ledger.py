@@ -14,7 +14,7 @@ Four tables:
 * ``records``: the outbox of TensorBoard records. A record is inserted in the same
   transaction as the state change it reports and marked ``written`` once it is on
   disk, so a crash can neither lose a point nor write one twice.
-* ``provenance``: per evaluated step, which weights, subset and config (evald.pipeline.provenance).
+* ``provenance``: per evaluated step, which weights, subset and config (evald.pipeline.swap.provenance).
 * ``cells``: results keyed on (step, evaluation identity). Each benchmark suite's cell of a step
   (``suite:NAME``) is queued, evaluated and finished exactly once per identity; a new identity
   supersedes the old cells (kept, ``superseded_by`` the new identity) and queues new ones. The
@@ -182,7 +182,7 @@ class Ledger:
                         step))
             if record is not None:
                 self._outbox(db, record)
-            if provenance is not None:  # evald.pipeline.provenance: which weights, subset and config
+            if provenance is not None:  # evald.pipeline.swap.provenance: which weights, subset and config
                 db.execute("INSERT OR REPLACE INTO provenance VALUES (?, ?)", (step, json.dumps(provenance)))
             _put(db, kv)
 

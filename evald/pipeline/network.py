@@ -1,11 +1,11 @@
 """The evaluation network: built and compiled once, then fed each checkpoint's weights.
 
 Swapping weights into a compiled network does not recompile, while building and compiling
-a fresh network takes seconds; evald.pipeline.hot_swap reads checkpoint files straight into the
+a fresh network takes seconds; evald.pipeline.swap.hot_swap reads checkpoint files straight into the
 parameters' memory. Batches keep one shape, so the graph compiles exactly once, when the
 Evaluator is built.
 
-In an eval group (evald.pipeline.group_evaluator) each rank's Evaluator is one ``part`` of the work:
+In an eval group (evald.pipeline.group.evaluator) each rank's Evaluator is one ``part`` of the work:
 every ``size``-th batch of the fixed subset and a slice of the generation prompts, returned by
 ``evaluate_part`` as full-size arrays with zeros in the other ranks' rows.
 """
@@ -24,12 +24,12 @@ from evald.contracts import layout
 from evald.contracts.wire import FactorySpec
 from evald.files.recognise import CheckpointError
 from evald.pipeline.factories import call_factory
-from evald.pipeline.hot_swap import NetworkWeights
+from evald.pipeline.swap.hot_swap import NetworkWeights
 from evald.pipeline.subset import SubsetInfo, fixed_batches, select_subset
-from evald.pipeline.swap_check import PartsRead, check as check_swap, check_parts, parts_digest, weights_digest
+from evald.pipeline.swap.swap_check import PartsRead, check as check_swap, check_parts, parts_digest, weights_digest
 from evald.pipeline.tasks import make_task
 from evald.pipeline.tasks.base import DataShapeError, ShouldAbort, never
-from evald.pipeline.weights import load_into
+from evald.pipeline.swap.weights import load_into
 
 log = logging.getLogger("evald.pipeline.network")
 
@@ -40,7 +40,7 @@ class EvalResult:
     texts: dict[str, str]
     load_s: float
     evaluate_s: float
-    verify_s: float = 0.0                                            # proving the swap (evald.pipeline.swap_check)
+    verify_s: float = 0.0                                            # proving the swap (evald.pipeline.swap.swap_check)
     provenance: Mapping[str, Any] = field(default_factory=dict)      # which weights, subset and config
 
 
@@ -55,7 +55,7 @@ class Held:
 
 @dataclass(frozen=True)
 class PartResult:
-    """One eval-group rank's share of an evaluation (evald.pipeline.group_evaluator)."""
+    """One eval-group rank's share of an evaluation (evald.pipeline.group.evaluator)."""
 
     arrays: dict[str, np.ndarray]   # full-size, zeros in the other ranks' rows
     load_s: float

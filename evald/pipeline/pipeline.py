@@ -27,9 +27,9 @@ from evald.contracts.safetensors_io import ReadInterrupted
 from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.ledger.ledger import DELETED, FAILED, Step
 from evald.pipeline.factories import check_allowed
-from evald.pipeline.group_protocol import Group
+from evald.pipeline.group.protocol import Group
 from evald.pipeline.network import EvalResult, Evaluator, Held
-from evald.pipeline.provenance import EvaluationSpec
+from evald.pipeline.swap.provenance import EvaluationSpec
 from evald.pipeline.subset import SubsetInfo
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort
 
@@ -61,7 +61,7 @@ class EvaluationPipeline(Protocol):
     """What the daemon needs of a pipeline: the real one below, or a test's stand-in."""
 
     blocked_reason: str | None
-    suites: dict[str, Any]           # name -> its SuiteRunner (evald.pipeline.suites), once built
+    suites: dict[str, Any]           # name -> its SuiteRunner (evald.pipeline.suites.runner), once built
     suite_errors: dict[str, str]     # name -> why it cannot run
 
     @property
@@ -81,7 +81,7 @@ class EvaluationPipeline(Protocol):
 
 @dataclass(frozen=True)
 class SuiteEvaluated:
-    result: Any                  # evald.pipeline.suites.SuiteResult
+    result: Any                  # evald.pipeline.suites.runner.SuiteResult
     load_s: float                # 0 when the network already held the step's weights
     provenance: dict
 
@@ -98,13 +98,13 @@ class _Plugin:
 class Pipeline:
     def __init__(self, should_abort: ShouldAbort, group: Group | None = None) -> None:
         self.should_abort = should_abort
-        self.group = group  # an eval group's rank 0 (evald.pipeline.group_protocol.Group): every rank builds and evaluates
+        self.group = group  # an eval group's rank 0 (evald.pipeline.group.protocol.Group): every rank builds and evaluates
         self.evaluator: Evaluator | None = None
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
         self._built_specs: EvaluationSpec | None = None
         self._failed_specs: EvaluationSpec | None = None
         self._device_selected = group is not None  # a group's ranks picked their devices before init()
-        self.suites: dict[str, Any] = {}          # name -> evald.pipeline.suites.SuiteRunner
+        self.suites: dict[str, Any] = {}          # name -> evald.pipeline.suites.runner.SuiteRunner
         self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
         self._suites_for: Any = None              # what the suites were built for
         self.loaded_step: int | None = None       # the step whose weights the network holds, if proven
@@ -171,7 +171,7 @@ class Pipeline:
     @property
     def validation_identity(self) -> str | None:
         """sha256 of the validation's effective config (model, data, subset, settings), once built."""
-        from evald.pipeline.provenance import sha256_of
+        from evald.pipeline.swap.provenance import sha256_of
 
         if self.evaluator is None or self._built_specs is None:
             return None
@@ -186,8 +186,8 @@ class Pipeline:
         if not config.suites:
             return
         from evald.contracts.wire import FactorySpec
-        from evald.pipeline.suites import SuiteRunner
-        from evald.pipeline.tokenizer import build_tokenizer
+        from evald.pipeline.suites.runner import SuiteRunner
+        from evald.pipeline.suites.tokenizer import build_tokenizer
 
         try:
             spec = (FactorySpec(config.tokenizer_factory, dict(config.tokenizer_kwargs or {}), config.app_dir)
@@ -205,8 +205,8 @@ class Pipeline:
             try:
                 scorer = None
                 if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
-                    from evald.pipeline.group_scoring import GroupScorer
-                    from evald.pipeline.scoring import TokenScorer
+                    from evald.pipeline.group.scoring import GroupScorer
+                    from evald.pipeline.suites.scoring import TokenScorer
 
                     ids = config.device.ids
                     wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
@@ -265,7 +265,7 @@ class Pipeline:
                                          top_k=g.top_k, top_p=g.top_p, seed=g.seed)
         self.evaluator = None
         if self.group is not None:
-            from evald.pipeline.group_evaluator import GroupEvaluator
+            from evald.pipeline.group.evaluator import GroupEvaluator
 
             self.evaluator = GroupEvaluator(self.group, task=task, model=model, data=data,
                                             subset_size=config.subset_size, subset_seed=config.subset_seed,

@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from evald.config import ServeOptions
-from evald.pipeline.tokenizer import Tokenizer
+from evald.pipeline.suites.tokenizer import Tokenizer
 from evald.serve import responses
 from evald.serve.jobs import JobQueue, QueueFull, ServeStats
 from evald.serve.requests import BadRequest, Completion, parse_completion, parse_json

@@ -25,8 +25,8 @@ from typing import Sequence
 
 import numpy as np
 
-from evald.pipeline.scoring import ScoreRequest, TokenScorer, TokenScores
-from evald.pipeline.tokenizer import Tokenizer
+from evald.pipeline.suites.scoring import ScoreRequest, TokenScorer, TokenScores
+from evald.pipeline.suites.tokenizer import Tokenizer
 from evald.serve.requests import Completion
 
 PLACEHOLDER = 0   # the target of the last position: its top-k is what is read, never its log-probability

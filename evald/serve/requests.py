@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evald.config import ServeOptions
-from evald.pipeline.tokenizer import Tokenizer
+from evald.pipeline.suites.tokenizer import Tokenizer
 
 LATEST = "latest"
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 4, 256

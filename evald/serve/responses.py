@@ -3,7 +3,7 @@
 Every answer carries ``"evald": {"run", "step", "snapshot"}`` in its body, ``model`` = ``RUN@STEP``
 (the step actually served, also for a ``RUN@latest`` request), and the headers ``X-Evald-Step``,
 ``X-Evald-Snapshot`` and ``X-Evald-Model``. ``snapshot`` is the weights' digest from the swap's
-provenance (evald.pipeline.swap_check: the sha256 over the manifest's verified file digests), the same
+provenance (evald.pipeline.swap.swap_check: the sha256 over the manifest's verified file digests), the same
 digest the evaluation of that step recorded.
 
 ``logprobs`` follows the completions API: ``tokens``, ``token_logprobs`` (null for the first prompt
@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from evald.pipeline.tokenizer import Tokenizer
+from evald.pipeline.suites.tokenizer import Tokenizer
 from evald.serve.engine import Choice
 from evald.serve.requests import Completion
 

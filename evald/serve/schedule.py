@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from evald.pipeline.network import Held
-from evald.pipeline.scoring import TokenScorer
-from evald.pipeline.tokenizer import Tokenizer
+from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.suites.tokenizer import Tokenizer
 from evald.serve import engine
 from evald.serve.jobs import Job, JobQueue, ServeStats
 from evald.serve.requests import BadRequest, Completion

@@ -116,6 +116,6 @@ def write_benchmarks(directory: str | Path, next_line_count: int = 240, bpb_docs
 
 def build_tokenizer():
     """The demo's tokenizer factory (``examples.tiny_lm.benchmarks:build_tokenizer``): bytes are tokens."""
-    from evald.pipeline.tokenizer import ByteTokenizer
+    from evald.pipeline.suites.tokenizer import ByteTokenizer
 
     return ByteTokenizer()

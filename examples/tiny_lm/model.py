@@ -58,7 +58,7 @@ class TinyGPT(nn.Cell):
         self.ln_f = nn.LayerNorm((d_model,))
         self.head = nn.Dense(d_model, vocab_size)
         self.positions = ms.Tensor(np.arange(seq_len, dtype=np.int32))
-        self.max_length = seq_len  # the longest input; benchmarks left-truncate to it (evald.pipeline.scoring)
+        self.max_length = seq_len  # the longest input; benchmarks left-truncate to it (evald.pipeline.suites.scoring)
 
     def construct(self, tokens):
         t = tokens.shape[1]

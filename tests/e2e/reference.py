@@ -13,7 +13,7 @@ def network_at(ckpt_dir: Path, step: int):
     import mindspore as ms
 
     from evald.contracts import layout
-    from evald.pipeline.hot_swap import NetworkWeights
+    from evald.pipeline.swap.hot_swap import NetworkWeights
     from examples.tiny_lm.model import build_model
 
     ms.set_context(mode=ms.PYNATIVE_MODE)

@@ -104,13 +104,13 @@ def test_lm_eval_and_the_openai_client_against_evald_serve(tmp_path, endpoints, 
     from tests.e2e.reference import network_at, reference_lm
 
     try:
-        from evald.pipeline.lm_adapter import EvaldLM   # the benchmark engine (issue 17), when merged
+        from evald.pipeline.suites.lm_adapter import EvaldLM   # the benchmark engine (issue 17), when merged
     except ImportError:
         EvaldLM = None
     net = network_at(ckpt, 20)
     if EvaldLM is not None:
-        from evald.pipeline.scoring import TokenScorer
-        from evald.pipeline.tokenizer import ByteTokenizer
+        from evald.pipeline.suites.scoring import TokenScorer
+        from evald.pipeline.suites.tokenizer import ByteTokenizer
 
         import mindspore as ms
 

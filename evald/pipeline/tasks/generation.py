@@ -28,7 +28,7 @@ class NextTokenLogits(nn.Cell):
     argmax (B,), computed on the device; ``index`` is (B, 2) int32 rows of (row, position).
 
     Shared by the sample generator and the benchmarks' greedy ``generate_until``
-    (evald.pipeline.scoring.TokenScorer.generate), so there is one fixed-buffer generation.
+    (evald.pipeline.suites.scoring.TokenScorer.generate), so there is one fixed-buffer generation.
     """
 
     def __init__(self, network: nn.Cell, greedy: bool = False) -> None:

@@ -2,7 +2,7 @@
 
 Real snapshots from the real writer (``layout.write_checkpoint``, the commit ``SnapshotWriter``
 runs), damaged on disk, then read by evald's read path: ``layout.read_checkpoint`` (what
-``NetworkWeights.load`` calls) and, for the snapshot as a whole, ``evald.pipeline.weights.load_into``
+``NetworkWeights.load`` calls) and, for the snapshot as a whole, ``evald.pipeline.swap.weights.load_into``
 into a real MindSpore network. Every test here was seen to fail with its check broken
 (the digest not compared, the size not checked, an unknown check accepted).
 """
@@ -245,7 +245,7 @@ def test_the_hook_takes_the_check_from_its_argument_or_evald_hash(tmp_path, monk
 
 
 def test_the_snapshot_digest_of_provenance_is_derived_from_the_per_file_checks(tmp_path):
-    from evald.pipeline.swap_check import weights_digest
+    from evald.pipeline.swap.swap_check import weights_digest
 
     same_a, same_b = commit(tmp_path / "a", 1, None), commit(tmp_path / "b", 1, None)
     other = commit(tmp_path / "c", 1, None, seed=9)
@@ -273,8 +273,8 @@ def network():
 @pytest.mark.parametrize("check", CHECKS)
 def test_evalds_load_reads_either_check_into_the_network_and_fails_a_corrupt_one(tmp_path, network, check):
     from evald.files.recognise import EVALD, CheckpointError
-    from evald.pipeline.hot_swap import NetworkWeights
-    from evald.pipeline.weights import load_into
+    from evald.pipeline.swap.hot_swap import NetworkWeights
+    from evald.pipeline.swap.weights import load_into
 
     _, net = network
     rng = np.random.default_rng(3)

@@ -80,7 +80,7 @@ def test_a_weights_file_waits_for_its_full_checkpoint_then_says_what_to_set(tmp_
 
 
 def test_safetensors_layout_and_the_weights_read_from_each_file(tmp_path):
-    from evald.pipeline.weights import load_foreign, match_names
+    from evald.pipeline.swap.weights import load_foreign, match_names
 
     out = tmp_path / "output"
     write([save(out, 2, 5, 30, fmt="safetensors")], tmp_path)

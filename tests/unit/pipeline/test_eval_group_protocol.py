@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from evald.files.recognise import EVALD
-from evald.pipeline.group_protocol import BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, from_limbs, to_limbs
+from evald.pipeline.group.protocol import BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, from_limbs, to_limbs
 from tests import faults
 
 def test_the_parts_put_together_are_the_one_device_outputs_bit_for_bit(tmp_path):

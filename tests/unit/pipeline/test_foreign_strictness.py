@@ -15,9 +15,9 @@ ms = pytest.importorskip("mindspore")
 
 from evald.files.errors import CheckpointError  # noqa: E402
 from evald.files.recognise import FOREIGN, FOREIGN_WEIGHTS  # noqa: E402
-from evald.pipeline import training_state  # noqa: E402
-from evald.pipeline.hot_swap import NetworkWeights  # noqa: E402
-from evald.pipeline.weights import load_into, match_names  # noqa: E402
+from evald.pipeline.swap import training_state# noqa: E402
+from evald.pipeline.swap.hot_swap import NetworkWeights  # noqa: E402
+from evald.pipeline.swap.weights import load_into, match_names  # noqa: E402
 from examples.tiny_lm import model  # noqa: E402
 
 SIZE = {"d_model": 16, "seq_len": 8, "n_heads": 2, "vocab_size": 32}

@@ -9,9 +9,9 @@ import threading
 
 import numpy as np
 
-from evald.pipeline.group_protocol import SCORE, Group
-from evald.pipeline.group_scoring import GroupScorer, generate_share, score_share
-from evald.pipeline.scoring import GenerateRequest, ScoreRequest, TokenScores
+from evald.pipeline.group.protocol import SCORE, Group
+from evald.pipeline.group.scoring import GroupScorer, generate_share, score_share
+from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScores
 
 
 class BarrierSum:

@@ -11,7 +11,7 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 from evald.contracts import layout  # noqa: E402
-from evald.pipeline.hot_swap import NetworkMismatch, NetworkWeights  # noqa: E402
+from evald.pipeline.swap.hot_swap import NetworkMismatch, NetworkWeights  # noqa: E402
 from examples.tiny_lm import model  # noqa: E402
 
 SIZE = {"seq_len": 16, "d_model": 32}

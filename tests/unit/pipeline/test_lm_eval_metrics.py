@@ -8,7 +8,7 @@ import json
 import pytest
 
 from evald.decisions.monitor_targets import MonitorError, check_suite_monitor, known_monitor_targets
-from evald.pipeline.lm_eval_metrics import task_metric_names
+from evald.pipeline.suites.lm_eval_metrics import task_metric_names
 
 
 def _tasks(tmp_path):

@@ -10,11 +10,11 @@ import pytest
 ms = pytest.importorskip("mindspore")
 from mindspore import nn  # noqa: E402
 
-from evald.pipeline import name_fit  # noqa: E402
+from evald.pipeline.swap import name_fit# noqa: E402
 from evald.files.recognise import CheckpointError  # noqa: E402
 from evald.contracts import layout  # noqa: E402
-from evald.pipeline.hot_swap import NetworkMismatch, NetworkWeights  # noqa: E402
-from evald.pipeline.weights import match_names  # noqa: E402
+from evald.pipeline.swap.hot_swap import NetworkMismatch, NetworkWeights  # noqa: E402
+from evald.pipeline.swap.weights import match_names  # noqa: E402
 from examples.tiny_lm import model  # noqa: E402
 
 SIZE = {"seq_len": 16, "d_model": 32}

@@ -15,7 +15,7 @@ import itertools
 import numpy as np
 import pytest
 
-from evald.pipeline.weights import load_parts
+from evald.pipeline.swap.weights import load_parts
 from evald.files.recognise import PARTS, CheckpointDeleted, CheckpointError
 from evald.config import EvaldConfig, TuningOptions
 from evald.contracts import layout
@@ -49,7 +49,7 @@ class Net(ms.nn.Cell):
 
 
 def network_for(weights):
-    from evald.pipeline.hot_swap import NetworkWeights
+    from evald.pipeline.swap.hot_swap import NetworkWeights
 
     return NetworkWeights(Net(weights))
 
@@ -207,7 +207,7 @@ def test_a_part_round_trips_as_layout_version_3(tmp_path):
 
 @pytest.mark.parametrize("in_place", [True, False])
 def test_data_parallel_parts_load_bit_identical_to_the_whole_snapshot(tmp_path, in_place):
-    from evald.pipeline.hot_swap import NetworkWeights
+    from evald.pipeline.swap.hot_swap import NetworkWeights
 
     weights = model_weights()
     weights["big"] = np.random.default_rng(1).standard_normal((999, 16)).astype(np.float32)  # cut into rows
@@ -229,7 +229,7 @@ def test_tensor_parallel_slices_are_reassembled_bit_exactly_by_mindspore(tmp_pat
     # Replicas are written once: 4 distinct slices of "qkv" over 8 devices, the bias once in all.
     written = {n: sum(n in p.rows for p in plans.values()) for n in weights}
     assert written == {"qkv": 2, "proj": 2, "emb": 4, "cube": 4, "bias": 1}, written
-    from evald.pipeline.hot_swap import NetworkWeights
+    from evald.pipeline.swap.hot_swap import NetworkWeights
 
     nw = NetworkWeights(Net(weights), in_place=in_place)
     load_parts(nw, tmp_path, group_name(4, 8))
@@ -434,8 +434,8 @@ def test_evald_retry_judges_the_parts_of_a_failed_step_again(setup):
 @pytest.mark.parametrize("mode", ["sampled", "full"])
 @pytest.mark.parametrize("cut", ["rows", "tensor-parallel"])
 def test_the_swap_check_proves_each_part_and_catches_a_parameter_left_behind(tmp_path, mode, cut):
-    from evald.pipeline.hot_swap import NetworkWeights
-    from evald.pipeline.swap_check import SwapMismatch, check_parts, parts_digest
+    from evald.pipeline.swap.hot_swap import NetworkWeights
+    from evald.pipeline.swap.swap_check import SwapMismatch, check_parts, parts_digest
 
     if cut == "rows":
         weights = model_weights()
@@ -462,7 +462,7 @@ def test_the_swap_check_proves_each_part_and_catches_a_parameter_left_behind(tmp
 
 
 def test_a_part_directory_replaced_by_a_link_out_is_not_read(tmp_path):
-    from evald.pipeline.hot_swap import NetworkWeights
+    from evald.pipeline.swap.hot_swap import NetworkWeights
 
     weights = model_weights()
     ckpt = tmp_path / "ckpt"

@@ -18,11 +18,11 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from evald.pipeline import provenance  # noqa: E402
+from evald.pipeline.swap import provenance# noqa: E402
 from evald.contracts import layout  # noqa: E402
 from evald.contracts.wire import FactorySpec  # noqa: E402
 from evald.pipeline.network import EvalResult, Evaluator  # noqa: E402
-from evald.pipeline.swap_check import SwapMismatch  # noqa: E402
+from evald.pipeline.swap.swap_check import SwapMismatch  # noqa: E402
 
 MODEL = FactorySpec("examples.tiny_lm.model:build_model", {"seq_len": 16, "d_model": 32})
 DATA = FactorySpec("examples.tiny_lm.data:validation_windows", {"seq_len": 16})
@@ -92,7 +92,7 @@ def test_the_swap_check_catches_a_parameter_left_behind(checkpoints, monkeypatch
     paths, _ = checkpoints
     hot = evaluator(mode)
     hot.evaluate(paths["A"], "evald")
-    from evald.pipeline import hot_swap
+    from evald.pipeline.swap import hot_swap
 
     real = hot_swap.layout.read_checkpoint
 

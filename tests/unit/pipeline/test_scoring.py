@@ -8,7 +8,7 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from evald.pipeline.scoring import GenerateRequest, ScoreRequest, TokenScorer  # noqa: E402
+from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer  # noqa: E402
 from examples.tiny_lm.model import build_model  # noqa: E402
 
 

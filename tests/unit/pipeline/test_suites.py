@@ -14,8 +14,8 @@ pytest.importorskip("lm_eval")
 
 from evald.config.options import SuiteOptions  # noqa: E402
 from evald.ledger.samples import read_step, write_samples  # noqa: E402
-from evald.pipeline.suites import SuiteRunner  # noqa: E402
-from evald.pipeline.tokenizer import ByteTokenizer  # noqa: E402
+from evald.pipeline.suites.runner import SuiteRunner  # noqa: E402
+from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 from examples.tiny_lm.benchmarks import write_benchmarks  # noqa: E402
 from tests.networks import demo_network_in_graph_mode
 
@@ -137,7 +137,7 @@ def test_per_sample_files_round_trip(mc, tmp_path):
 def test_generate_until_is_greedy_stops_at_until_and_scores_exact_match(network, tmp_path):
     import json as _json
 
-    from evald.pipeline.scoring import GenerateRequest
+    from evald.pipeline.suites.scoring import GenerateRequest
 
     data = tmp_path / "gen.jsonl"
     docs = [{"prompt": f"def f{i}(x):\n    return", "answer": " x"} for i in range(6)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from evald.contracts.wire import FactorySpec
-from evald.pipeline.tokenizer import (ByteTokenizer, HFTokenizer, TokenizerChanged, TokenizerError, adapt,
+from evald.pipeline.suites.tokenizer import (ByteTokenizer, HFTokenizer, TokenizerChanged, TokenizerError, adapt,
                                       build_tokenizer, check_unchanged, tokenizer_hash)
 
 

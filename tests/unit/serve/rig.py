@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from evald.config import ServeOptions
-from evald.pipeline.hot_swap import NetworkWeights
+from evald.pipeline.swap.hot_swap import NetworkWeights
 from evald.pipeline.network import Held
-from evald.pipeline.scoring import TokenScorer
-from evald.pipeline.tokenizer import ByteTokenizer
+from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.suites.tokenizer import ByteTokenizer
 from evald.serve.app import Context, build_app
 from evald.serve.http_thread import HttpThread
 from evald.serve.jobs import JobQueue, ServeStats

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from evald.config import ServeOptions
-from evald.pipeline.tokenizer import ByteTokenizer
+from evald.pipeline.suites.tokenizer import ByteTokenizer
 from evald.serve.requests import BadRequest, parse_completion, parse_json
 
 LIMITS = ServeOptions(listen="127.0.0.1:0", max_prompt_tokens=100, max_prompts=4, max_tokens=32, max_n=2)

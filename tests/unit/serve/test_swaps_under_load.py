@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 
 from evald.config import ServeOptions  # noqa: E402
 from evald.pipeline.network import Held  # noqa: E402
-from evald.pipeline.scoring import ScoreRequest  # noqa: E402
+from evald.pipeline.suites.scoring import ScoreRequest  # noqa: E402
 from tests.networks import demo_network_in_graph_mode
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
 

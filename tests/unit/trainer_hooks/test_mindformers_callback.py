@@ -27,7 +27,7 @@ from mindspore.nn.wrap.loss_scale import _ascend_grad_overflow  # noqa: E402
 from mindspore.train import Model  # noqa: E402
 
 from evald.contracts import layout, wire  # noqa: E402
-from evald.pipeline.hot_swap import NetworkWeights  # noqa: E402
+from evald.pipeline.swap.hot_swap import NetworkWeights  # noqa: E402
 from examples.tiny_lm import data, model  # noqa: E402
 from trainer_hooks import EvaldCallback  # noqa: E402
 from trainer_hooks.train_cell import step_outputs  # noqa: E402

@@ -119,7 +119,7 @@ def test_optimizer_state_is_not_in_the_snapshot():
 def test_callback_without_network_snapshots_weights_that_fit_the_bare_network(tmp_path, hook_env):
     from mindspore.train import Model
 
-    from evald.pipeline.weights import match_names
+    from evald.pipeline.swap.weights import match_names
     from examples.tiny_lm import data, model
     from trainer_hooks import EvaldCallback, TrainStepWithGradNorm
 

@@ -1,7 +1,7 @@
 """Proof of a hot swap: after the swap, the network's parameters hold exactly the checkpoint's weights.
 
 The read already verified each file against the manifest's digest as its bytes went into the
-parameters' memory (evald.pipeline.hot_swap). What that cannot see is anything after or around the read:
+parameters' memory (evald.pipeline.swap.hot_swap). What that cannot see is anything after or around the read:
 a parameter that was not written (left from the previous checkpoint), a name mapped to the wrong
 parameter, a ``set_data`` that did not take, a conversion that went wrong. So the live parameter
 memory (``Parameter.asnumpy()``, fetched afresh) is compared with the checkpoint itself:

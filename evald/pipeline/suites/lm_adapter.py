@@ -14,7 +14,7 @@ an empty context is scored after the prefix/EOS token) and evald does the scorin
 
 The ``scorer`` is anything with TokenScorer's ``score``/``generate``/``max_length``: the local
 TokenScorer, or an eval group's scorer that splits the requests over its ranks (lm-eval still sees
-one rank; evald.pipeline.group_evaluator).
+one rank; evald.pipeline.group.evaluator).
 
 May import: the pipeline's scoring and tokenizer modules.
 """
@@ -27,8 +27,8 @@ from typing import Any
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
-from evald.pipeline.scoring import GenerateRequest, ScoreRequest
-from evald.pipeline.tokenizer import Tokenizer
+from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest
+from evald.pipeline.suites.tokenizer import Tokenizer
 
 DEFAULT_MAX_GEN_TOKS = 256
 

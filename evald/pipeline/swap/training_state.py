@@ -14,7 +14,7 @@ checkpoint may be left out"). The rule, by name only:
   or any entry under ``loss_scaling_manager.``.
 
 A MindFormers weights-only file (``checkpoint_network/``) holds none of these: it is read
-strictly (evald.pipeline.weights). Pure; imports nothing of evald.
+strictly (evald.pipeline.swap.weights). Pure; imports nothing of evald.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ be converted) the weights go in with ``Parameter.set_data`` instead.
 
 Names are the network's relative names, from ``network.parameters_and_names()``,
 which are the names the trainer hook writes; a prefix common to every name on one
-side (a wrapper Cell in the model factory adds ``net.``) is fitted by evald.pipeline.name_fit.
+side (a wrapper Cell in the model factory adds ``net.``) is fitted by evald.pipeline.swap.name_fit.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import numpy as np
 
 from evald.contracts import layout
 from evald.contracts.manifest import numpy_dtype_of
-from evald.pipeline import name_fit
+from evald.pipeline.swap import name_fit
 
-log = logging.getLogger("evald.pipeline.hot_swap")
+log = logging.getLogger("evald.pipeline.swap.hot_swap")
 
 
 class NetworkMismatch(ValueError):

@@ -22,9 +22,9 @@ from typing import Any, Mapping
 
 from evald.contracts.wire import FactorySpec
 from evald.files.recognise import CheckpointDeleted, CheckpointError
-from evald.pipeline.group_protocol import (BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, GENERATE, OK, OP_NAMES,
+from evald.pipeline.group.protocol import (BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, GENERATE, OK, OP_NAMES,
                                           SCORE, SWAP, Group)
-from evald.pipeline.group_scoring import generate_share, score_share
+from evald.pipeline.group.scoring import generate_share, score_share
 from evald.pipeline.network import EvalResult, Evaluator, PartResult
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
 
@@ -152,7 +152,7 @@ def _scorer_for(scorers: dict, evaluator: Evaluator | None, settings: Mapping[st
     """This rank's TokenScorer of a suite's shape (built, and compiled, at its first share)."""
     if evaluator is None:
         return None
-    from evald.pipeline.scoring import TokenScorer
+    from evald.pipeline.suites.scoring import TokenScorer
 
     key = json.dumps(settings, sort_keys=True)
     if key not in scorers:

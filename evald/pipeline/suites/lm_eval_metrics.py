@@ -1,6 +1,6 @@
 """The metric names each lm-eval task of a suite reports, as its per-sample outputs and TensorBoard
 tags name them: ``acc`` for lm-eval's ``acc,none`` (filter ``none``), ``exact_match@strict-match``
-for a filtered one (the names ``pipeline/suites.py`` gives lm-eval's aggregates). They feed the start-up check of ``--monitor SUITE/TASK/METRIC``
+for a filtered one (the names ``pipeline/suites/runner.py`` gives lm-eval's aggregates). They feed the start-up check of ``--monitor SUITE/TASK/METRIC``
 (``decisions/monitor_targets.py``)::
 
     loaded = TaskManager(include_path=...).load(suite.tasks)

@@ -12,7 +12,7 @@ Every evaluation records (in the ledger's ``provenance`` table and as the Tensor
 * ``config_sha256``: the sha256 of the effective evaluation config, every setting that can change
   a number: task, model and data factories with their kwargs, subset size and seed, batch size,
   generation settings, metric plug-ins and evald's version (``config`` holds them);
-* ``swap_check``: how the hot swap was proven (evald.pipeline.swap_check).
+* ``swap_check``: how the hot swap was proven (evald.pipeline.swap.swap_check).
 
 Two points are comparable only when their subset and config hashes agree. When either changes
 between two evaluations of a run, the later one also gets the text ``evald/comparability``

@@ -2,7 +2,7 @@
 
 lm-eval runs on rank 0 only and sees one rank (world size 1: lm-eval imports torch for its gather
 otherwise). ``GroupScorer`` stands in for rank 0's TokenScorer: each ``score`` or ``generate`` call
-is one command to the group (evald.pipeline.group_protocol) carrying every request; each rank takes
+is one command to the group (evald.pipeline.group.protocol) carrying every request; each rank takes
 every n-th request (n: the ranks a suite's ``device`` names, all by default), runs them on its own TokenScorer (same network, same weights,
 same buckets), and the answer sums each rank's rows of full-size arrays, zeros elsewhere. A
 request's numbers do not depend on which rows share its batch (tests/unit/pipeline/test_scoring.py),
@@ -13,7 +13,7 @@ Generation on a group ignores the adapter's stop callables and runs each row to 
 ``max_new_tokens``; the adapter cuts the text at the first stop string, which is where a single
 device stopped (greedy decoding: the tokens before it are the same).
 
-May import: the pipeline's scoring and group_protocol modules.
+May import: the suites' scoring and the group's protocol.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from evald.pipeline.group_protocol import ERROR, GENERATE, OK, SCORE, Group, GroupError
-from evald.pipeline.scoring import GenerateRequest, ScoreRequest, TokenScorer, TokenScores
+from evald.pipeline.group.protocol import ERROR, GENERATE, OK, SCORE, Group, GroupError
+from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer, TokenScores
 
 log = logging.getLogger("evald.group")
 

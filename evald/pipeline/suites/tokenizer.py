@@ -12,7 +12,7 @@ returns is wrapped by ``adapt`` into a ``Tokenizer``:
 
 ``tokenizer_hash`` names what a tokenizer does, not what it is called: the sha256 of its class,
 EOS id, vocabulary (when it exposes ``get_vocab()``) and the ids it gives a fixed probe text.
-It is part of a suite's identity (evald.pipeline.suites); a tokenizer whose hash changes between
+It is part of a suite's identity (evald.pipeline.suites.runner); a tokenizer whose hash changes between
 checkpoints of one run is an error (``TokenizerChanged``), because the numbers would not compare.
 
 May import: contracts (and the pipeline's own factories module).

@@ -1,7 +1,7 @@
 """Reading a checkpoint's weights into the network, and fitting names to the network's.
 
 evald-layout checkpoints are verified against their manifest (sizes, hash) as they are
-read (evald.contracts.layout, evald.pipeline.hot_swap); foreign files are read with MindSpore's own
+read (evald.contracts.layout, evald.pipeline.swap.hot_swap); foreign files are read with MindSpore's own
 loader. Every problem is a CheckpointError whose message is recorded in the ledger.
 """
 
@@ -20,10 +20,11 @@ from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointUnr
 from evald.files.foreign import load_foreign
 from evald.files.parts import fit_problem
 from evald.files.recognise import FOREIGN_KINDS, FOREIGN_WEIGHTS, PARTS
-from evald.pipeline import name_fit, training_state
-from evald.pipeline.hot_swap import NetworkMismatch, NetworkWeights
-from evald.pipeline.slice_merge import merge_slices
-from evald.pipeline.swap_check import PartsRead
+from evald.pipeline.swap import name_fit
+from evald.pipeline.swap import training_state
+from evald.pipeline.swap.hot_swap import NetworkMismatch, NetworkWeights
+from evald.pipeline.swap.slice_merge import merge_slices
+from evald.pipeline.swap.swap_check import PartsRead
 
 
 def load_into(weights: NetworkWeights, path: Path, kind: str
@@ -34,7 +35,7 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
     read once, verified as it is read, straight into the parameters' memory where it can be.
     Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
     Parts of a partitioned snapshot (``path`` names them all): ``load_parts``.
-    Returns what the swap can be checked against (evald.pipeline.swap_check): the manifest, the parts,
+    Returns what the swap can be checked against (evald.pipeline.swap.swap_check): the manifest, the parts,
     or the foreign file's weights as MindSpore loaded them.
     """
     if kind == PARTS:
@@ -73,12 +74,12 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
     """Map checkpoint entries onto the network's parameter names, or raise naming every problem.
 
     ``expected`` is ``{name: (shape, dtype)}``. Names match exactly or through a prefix
-    common to every name on one side (evald.pipeline.name_fit): the checkpoint's (``model.w``
+    common to every name on one side (evald.pipeline.swap.name_fit): the checkpoint's (``model.w``
     under a train cell; never an optimizer moment such as ``adam_m.model.w``) or the
     network's (``net.w`` when the model factory wraps the model). With ``strict``
     (evald layout, a weights-only foreign file) every entry must match; otherwise (a full
     foreign checkpoint) the entries that are recognisably optimizer or loss-scale state
-    (evald.pipeline.training_state) are dropped, and any other entry not in the network fails.
+    (evald.pipeline.swap.training_state) are dropped, and any other entry not in the network fails.
     """
     # Optimizer state is saved as "<state>.<weight name>" ("adam_m.model.w", "adam_v.model.w"), so
     # "model.w", "adam_m.model.w" and "adam_v.model.w" all end with ".w"; picking per entry let the
@@ -115,7 +116,7 @@ def _few(items: list[str], limit: int = 8) -> str:
 
 def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead:
     """Swap in the step the parts named by ``group`` make up; CheckpointError says what is wrong.
-    Returns the parts it read, for the swap check (evald.pipeline.swap_check)."""
+    Returns the parts it read, for the swap check (evald.pipeline.swap.swap_check)."""
     step, count = parse_group_name(group) or (None, None)
     if step is None or count is None:
         raise CheckpointError(f"{group}: not the name of a partitioned step")

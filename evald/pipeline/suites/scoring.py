@@ -1,6 +1,6 @@
 """Token log-probabilities and greedy generation on the compiled network, in fixed shape buckets.
 
-``TokenScorer`` is what benchmarks (evald.pipeline.lm_adapter, lm-eval's ``loglikelihood``,
+``TokenScorer`` is what benchmarks (evald.pipeline.suites.lm_adapter, lm-eval's ``loglikelihood``,
 ``loglikelihood_rolling`` and ``generate_until``) and an HTTP endpoint (``echo`` / ``logprobs``) run
 on the network that hot swaps feed. Graph mode compiles a graph for every new input shape, so
 every call runs in one of a small, fixed set of (batch, length) buckets, and a hot swap (which only

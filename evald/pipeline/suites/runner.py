@@ -10,7 +10,7 @@ network holds now through ``lm_eval.simple_evaluate(model=EvaldLM, ..., log_samp
 The identity (``identity``, hashed to ``identity_sha256``) is everything that makes two results
 comparable: the lm-eval version; each task's name, the sha256 of its resolved config (lm-eval's
 ``dump_config``, functions by name) and of its selected documents; ``num_fewshot``; the subset's
-seed and size; the tokenizer's hash (evald.pipeline.tokenizer); the scorer's max_length. The
+seed and size; the tokenizer's hash (evald.pipeline.suites.tokenizer); the scorer's max_length. The
 ledger keys a suite's cells on ``cell_identity``: the suite identity together with the
 validation's network identity (model factory and kwargs), so another model configuration makes
 new cells too, while two runs' per-sample files stay comparable on the suite identity alone.
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from evald.config.options import SuiteOptions
-from evald.pipeline.scoring import TokenScorer
+from evald.pipeline.suites.scoring import TokenScorer
 from evald.pipeline.subset import select_subset
-from evald.pipeline.tokenizer import Tokenizer, tokenizer_hash
+from evald.pipeline.suites.tokenizer import Tokenizer, tokenizer_hash
 
-log = logging.getLogger("evald.pipeline.suites")
+log = logging.getLogger("evald.pipeline.suites.runner")
 
 SAMPLE_TEXT_LIMIT = 4096   # characters of a target or generated response kept per document
 _SKIPPED_RESULT_KEYS = {"name", "alias", "sample_len", " ", "samples"}
@@ -81,7 +81,7 @@ class SuiteRunner:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import lm_eval
 
-        from evald.pipeline.lm_adapter import EvaldLM
+        from evald.pipeline.suites.lm_adapter import EvaldLM
 
         started = time.time()
         self.name, self.options = name, options
