@@ -121,7 +121,7 @@ def trainer(total: int, root: Path, reps: int) -> dict:
             else:
                 row[arm], weights = _timed(lambda: buffers.copy(net)())
         rows.append(row)
-    del floor_arrays
+    floor_arrays.clear()  # the floor's copies are not needed past here
     plan = layout.plan_files(weights)
     threads = parallel_io.default_threads(len(plan))
     spent = {}

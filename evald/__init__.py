@@ -5,6 +5,7 @@ keeps it so)::
 
     cli        the evald command and its subcommands
     daemon     lifecycle and the per-directory loop
+    serve      --serve: the OpenAI-compatible HTTP endpoint on the live checkpoint
     sinks      write what the ledger committed: TensorBoard, control channel, best pointer, summary
     intake     entries and messages become ledger rows, once
     decisions  early stop, health, LR advice: no I/O

@@ -1,8 +1,44 @@
 #!/usr/bin/env bash
-# The tests: sets everything up on first use, then runs pytest (extra arguments go to pytest).
+# The tests: sets everything up on first use, then runs pytest.
+#
+#   ./scripts/test.sh            the default stage: every in-process test (tests/unit) and the smoke set of
+#                                real-process tests (tests/e2e, @pytest.mark.smoke): one for each contract only
+#                                a process can prove. The README's command.
+#   ./scripts/test.sh --rest     the second stage: every other real-process test, the MindFormers recipe and the
+#                                slow fault/load runs. .ci/run runs both stages; together they run every test once.
+#   ./scripts/test.sh ARGS...    pytest with ARGS as given (a file, a folder, -k, -m ...), nothing selected for you.
+#
+# Each stage installs only what it needs: .venv always; headless Chromium and .venv-mindformers only for --rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_env.sh --with-browser
-bash scripts/setup_mindformers.sh   # .venv-mindformers, for tests/e2e/test_mindformers_recipe.py
 export GLOG_v=3
-exec .venv/bin/python -m pytest "$@"
+
+# The two stages are disjoint and cover every test: a test is in the default stage when it is not slow and is
+# either in-process or in the smoke set, otherwise in the rest (tests/conftest.py marks tests/e2e as `e2e`).
+DEFAULT_STAGE="not slow and (not e2e or smoke)"
+REST_STAGE="slow or (e2e and not smoke)"
+
+stage=default
+if [[ ${1:-} == --rest ]]; then
+    stage=rest
+    shift
+fi
+
+selects=false   # did the caller choose tests (a path, a node id, -m or -k)? then run exactly those
+for arg in "$@"; do
+    case $arg in
+        -m|-k|-m*|-k*|tests|tests/*|*::*) selects=true ;;
+    esac
+done
+
+if [[ $stage == rest ]]; then
+    bash scripts/setup_env.sh --with-browser   # headless Chromium for tests/e2e/test_views.py
+    bash scripts/setup_mindformers.sh          # .venv-mindformers, for tests/e2e/test_mindformers_recipe.py
+    $selects || set -- -m "$REST_STAGE" "$@"
+else
+    bash scripts/setup_env.sh
+    if [[ $# -eq 0 ]] || ! $selects; then
+        set -- -m "$DEFAULT_STAGE" "$@"
+    fi
+fi
+exec .venv/bin/python -m pytest --durations=30 "$@"

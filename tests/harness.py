@@ -15,6 +15,22 @@ REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
+def private_socket_dir() -> str:
+    """A new private directory with a short path, for ipc sockets (ipc names are limited to ~107 bytes)."""
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="evt")
+    os.chmod(path, 0o700)
+    return path
+
+
+def private_endpoints() -> dict[str, str]:
+    """The environment that points a trainer and an evald at unique ipc endpoints of their own."""
+    sockets = Path(private_socket_dir())
+    return {"EVALD_ENDPOINT": f"ipc://{sockets}/n.sock", "EVALD_CONTROL_ENDPOINT": f"ipc://{sockets}/c.sock",
+            "EVALD_SOCKET_DIR": str(sockets)}
+
+
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"GLOG_v": "3", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"})
@@ -35,7 +51,7 @@ class Proc:
             return self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.args[:4]} did not exit in {timeout}s; log:\n{self.output()[-4000:]}")
+            raise AssertionError(f"{self.args[:4]} did not exit in {timeout}s; log:\n{self.output()[-4000:]}") from None
 
     def output(self) -> str:
         self._log.flush()

@@ -81,7 +81,7 @@ def as_other_user(fn: Callable[[], None], timeout: float = 60.0) -> int:
             os.setuid(OTHER_UID)
             fn()
             code = 0
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             sys.stderr.write(f"other-user child failed: {exc!r}\n")
         finally:
             os._exit(code)

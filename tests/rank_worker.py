@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer_hooks.stop_agreement import ControlSubscriber, StopAgreement  # noqa: E402
+from trainer_hooks.stop_agreement import ControlSubscriber, StopAgreement
 
 HANG_EXIT = 3
 

@@ -237,7 +237,7 @@ class Server:
         held = len(self.locks)
         try:
             self.attach(Path(message.ckpt_dir))
-        except Exception as exc:  # noqa: BLE001 - whatever the message named
+        except Exception as exc:
             if self.run is not None:  # made before what failed: its watcher and ledger are closed again
                 self.run.close()
             for lock in self.locks[held:]:

@@ -1,6 +1,6 @@
 """The ledger: evald's durable memory of a checkpoint directory (sqlite, in the log directory).
 
-Four tables:
+Six tables (their columns: ``schema.py``):
 
 * ``steps``: one row per training step, the unit of evaluation. A step is read from
   one file (``source``) however many files carry it. States::
@@ -23,9 +23,11 @@ Four tables:
   asks for it, the old result moves to ``cells`` (``validation``, superseded) and the step is
   queued again, so a step shows exactly one current result.
 
+* ``kv``: small JSON state (decisions, control state, run end), changed inside the same
+  transactions as what it follows from.
+
 Every public method that changes anything is ONE transaction: after a crash the
-ledger is at one side of each change, never in between. ``kv`` holds small JSON
-state (decisions, control state, run end) changed inside those same transactions.
+ledger is at one side of each change, never in between.
 """
 
 from __future__ import annotations

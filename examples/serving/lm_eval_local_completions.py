@@ -18,8 +18,8 @@ from pathlib import Path
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import lm_eval  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
+import lm_eval
+from lm_eval.tasks import TaskManager
 
 url, model, task_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 

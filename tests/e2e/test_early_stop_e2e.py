@@ -21,7 +21,7 @@ def decisions_state(ckpt):
     return json.loads(row[0]) if row else None
 
 
-@pytest.mark.parametrize("loop", ["model", "custom"])
+@pytest.mark.parametrize("loop", [pytest.param("model", marks=pytest.mark.smoke), "custom"])
 def test_patience_stops_training_at_the_announced_step(tmp_path, endpoints, procs, loop):
     ckpt = tmp_path / "ckpt"
     # min_delta 10 makes every later evaluation "no improvement": patience 1 stops at the 2nd one.

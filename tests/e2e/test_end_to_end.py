@@ -14,8 +14,9 @@ from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, 
                            text_events)
 
 
+@pytest.mark.smoke
 def test_trainer_and_evald_side_by_side(side_by_side_run):
-    # The session's run (tests/conftest.py): evald is given no directory and no model, it learns both from
+    # The session's run (tests/e2e/conftest.py): evald is given no directory and no model, it learns both from
     # the trainer's announcement; a Model.train run of 60 steps, a checkpoint every 20.
     run = side_by_side_run
     ckpt = run.ckpt
@@ -48,7 +49,7 @@ def test_trainer_and_evald_side_by_side(side_by_side_run):
 
 def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_path, endpoints, procs,
                                                                           finished_training):
-    ckpt = finished_training.ckpt  # trained while no evald ran (tests/conftest.py)
+    ckpt = finished_training.ckpt  # trained while no evald ran (tests/e2e/conftest.py)
     assert committed_steps(ckpt) == [10, 20, 30, 40]
 
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all",
@@ -58,6 +59,7 @@ def test_checkpoint_committed_while_evald_was_down_is_evaluated_at_start(tmp_pat
     assert [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == [10, 20, 30, 40]
 
 
+@pytest.mark.smoke
 def test_reported_loss_equals_in_process_evaluation(tmp_path, endpoints, procs, finished_training):
     ckpt = finished_training.ckpt
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--idle-exit-s", "2", "--endpoint", "none"],

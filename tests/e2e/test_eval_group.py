@@ -35,8 +35,9 @@ def group_args(log_dir: Path) -> list[str]:
 
 # --- real msrun groups --------------------------------------------------------------------------
 
+@pytest.mark.smoke
 def test_two_eval_ranks_give_exactly_the_numbers_of_one(tmp_path, endpoints, procs, finished_training):
-    ckpt = finished_training.ckpt  # a real training run's checkpoints 10 to 40 (tests/conftest.py)
+    ckpt = finished_training.ckpt  # a real training run's checkpoints 10 to 40 (tests/e2e/conftest.py)
     common = ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--lag-policy", "all",
               "--generation", '{"prompts": 3, "new_tokens": 8}']  # 3 prompts: split 2 + 1 (padded)
     one = start_evald(tmp_path, endpoints, ["--device", "0", "--logdir", str(tmp_path / "one"), *common],

@@ -34,6 +34,7 @@ def _final(rows: list[dict]) -> bool:
     return all(r["state"] in ("evaluated", "skipped", "failed", "deleted") for r in rows)
 
 
+@pytest.mark.smoke
 def test_model_checkpoint_files_written_during_training_are_evaluated(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)  # evald-layout reference copies (below) need the factories; nothing is sent

@@ -79,7 +79,8 @@ def test_a_forged_announcement_over_tcp_names_no_code_and_the_run_goes_on(tmp_pa
     assert bait.untouched()
 
 
-@pytest.mark.parametrize("how", ["other owner", "group-writable", "world-writable", "link"])
+@pytest.mark.parametrize("how", [pytest.param("other owner", marks=pytest.mark.smoke), "group-writable",
+                                 "world-writable", "link"])
 def test_a_run_json_others_control_names_no_code_and_no_search_path(tmp_path, procs, how):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

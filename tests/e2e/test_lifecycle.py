@@ -11,6 +11,8 @@ import json
 import signal
 import time
 
+import pytest
+
 from evald.contracts import layout, wire
 from tests import faults
 from tests.harness import raw_scalar_steps, run_dir, scalar_points, start_evald, wait_for
@@ -27,6 +29,7 @@ def _steps(ckpt, state):
     return sorted(r["step"] for r in faults.ledger_rows(ckpt) if r["state"] == state)
 
 
+@pytest.mark.smoke
 def test_sigterm_finishes_the_current_evaluation_and_exits_0(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)
@@ -144,7 +147,7 @@ def test_the_network_is_compiled_at_start_before_the_first_checkpoint(tmp_path, 
 
 def test_an_evald_that_missed_the_end_of_the_run_finishes_it_and_exits_0(tmp_path, endpoints, procs,
                                                                           finished_training):
-    # Nobody listened while the trainer ran (tests/conftest.py): its run_finished message was lost.
+    # Nobody listened while the trainer ran (tests/e2e/conftest.py): its run_finished message was lost.
     ckpt = finished_training.ckpt
     end = json.loads((ckpt / layout.RUN_END_FILE).read_text())  # ... but its end is on disk
     assert end["type"] == "run_finished" and end["final_step"] == 40

@@ -54,6 +54,7 @@ def _one_point_per_step(logdir: Path, expected: list[int]) -> None:
 # ================================================================ 1. de-duplication
 
 
+@pytest.mark.smoke
 def test_checkpoint_from_zmq_watchdog_rescan_and_restart_is_evaluated_once(tmp_path, endpoints, procs):
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 import threading
 
+import pytest
+
 from evald.contracts import layout
 from tests import faults
 from tests.harness import hook_stats, raw_scalar_steps, run_dir, start_evald, start_trainer, text_events
@@ -55,6 +57,7 @@ def run(tmp_path, endpoints, procs, evald_env) -> tuple[list[int], dict, int, ob
     return committed, hook_stats(trainer.output()), most, ckpt
 
 
+@pytest.mark.smoke
 def test_with_leases_no_due_checkpoint_is_deleted_before_it_is_evaluated(tmp_path, endpoints, procs):
     committed, stats, most, ckpt = run(tmp_path, endpoints, procs, endpoints)
     rows = {row["step"]: row for row in faults.ledger_rows(ckpt)}

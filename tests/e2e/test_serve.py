@@ -61,8 +61,9 @@ def _echo(client, model: str, prompt: str) -> httpx.Response:
                                                 "logprobs": 1, "temperature": 0})
 
 
+@pytest.mark.smoke
 def test_lm_eval_and_the_openai_client_against_evald_serve(tmp_path, endpoints, procs, finished_training):
-    ckpt = finished_training.ckpt  # a real training run's checkpoints 10 to 40 (tests/conftest.py)
+    ckpt = finished_training.ckpt  # a real training run's checkpoints 10 to 40 (tests/e2e/conftest.py)
     evald = start_evald(tmp_path, endpoints, ["--ckpt-dir", str(ckpt), "--lag-policy", "all", "--endpoint", "none",
                                               "--serve", "127.0.0.1:0", "--serve-forever"])
     procs.append(evald)

@@ -9,6 +9,8 @@ import shutil
 import signal
 import subprocess
 
+import pytest
+
 from tests import faults
 from tests.harness import PYTHON, REPO, base_env, raw_scalar_steps, run_dir, wait_for
 
@@ -18,6 +20,7 @@ def evald_cli(*args: str) -> subprocess.CompletedProcess:
                           env=base_env(), timeout=120)
 
 
+@pytest.mark.smoke
 def test_status_and_retry_beside_a_running_evald(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)

@@ -26,8 +26,8 @@ import pytest
 zmq = pytest.importorskip("zmq")
 
 from evald.contracts.wire import ControlState  # noqa: E402
-from tests.unit.trainer_hooks.test_stop_agreement import (  # noqa: E402, F401 (short_dir: a fixture)
-    HANG_EXIT, N_TRIALS, REPO, STEPS, WORKER, WORLD, Publisher, short_dir)
+from tests.unit.trainer_hooks.test_stop_agreement import (  # noqa: E402
+    HANG_EXIT, N_TRIALS, REPO, STEPS, WORKER, WORLD, Publisher)
 
 
 def _max_call(collective_dir: Path) -> int:

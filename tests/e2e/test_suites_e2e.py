@@ -9,6 +9,8 @@ import signal
 import sqlite3
 import subprocess
 
+import pytest
+
 from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
 from tests.harness import PYTHON, REPO, base_env, raw_scalar_steps, run_dir, wait_for
@@ -34,6 +36,7 @@ def _toml(path, include, suites):
     return str(path)
 
 
+@pytest.mark.smoke
 def test_sigkill_during_a_suite_then_backfill_and_a_changed_suite(tmp_path, procs):
     include = write_benchmarks(tmp_path / "bench", next_line_count=60, bpb_docs_per_set=2)
     ckpt = tmp_path / "ckpt"

@@ -205,6 +205,7 @@ def tcp_env(ports) -> dict[str, str]:
     return {"EVALD_ENDPOINT": f"tcp://127.0.0.1:{ports[0]}", "EVALD_CONTROL_ENDPOINT": f"tcp://127.0.0.1:{ports[1]}"}
 
 
+@pytest.mark.smoke
 def test_an_authorised_trainer_is_evaluated_and_stopped_over_curve(tmp_path, procs, hosts):
     ports = (free_port(), free_port())
     keys = hosts.keys

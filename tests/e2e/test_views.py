@@ -41,7 +41,7 @@ def get(base: str, path: str, **query: str):
 
 def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, procs, side_by_side_run):
     chromium = browser()
-    # The session's demo run (tests/conftest.py): evald beside a Model.train run of 60 steps, a checkpoint
+    # The session's demo run (tests/e2e/conftest.py): evald beside a Model.train run of 60 steps, a checkpoint
     # every 20, in the demo's layout runs/demo/ckpt. This test adds a run to the log directory: a copy.
     run = side_by_side_run
     assert run.trainer_code == 0, run.trainer_output[-3000:]

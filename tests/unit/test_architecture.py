@@ -35,20 +35,31 @@ def _resolve(name: str) -> str:
     return name
 
 
-def _imports(path: Path) -> set[str]:
+def _absolute(module: str | None, level: int, importer: str, is_package: bool) -> str:
+    """The absolute module a ``from`` import names: ``from ..ledger import x`` in evald.daemon.run is
+    evald.ledger (a relative import counts from the importer's package; a package's __init__ is its own)."""
+    if level == 0:
+        return module or ""
+    package = importer.split(".") if is_package else importer.split(".")[:-1]
+    base = package[:len(package) - (level - 1)] if level > 1 else package
+    return ".".join(base + ([module] if module else []))
+
+
+def _imports(path: Path, importer: str = "") -> set[str]:
+    is_package = path.name == "__init__.py"
     targets = set()
     for node in ast.walk(ast.parse(path.read_text())):
         names: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
-                     for a in node.names]
+        if isinstance(node, ast.ImportFrom):
+            module = _absolute(node.module, node.level, importer, is_package)
+            names = [f"{module}.{a.name}" if f"{module}.{a.name}" in MODULES else module for a in node.names]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         targets |= {_resolve(n) for n in names if n.split(".")[0] in ("evald", "trainer_hooks")}
     return targets - {""}
 
 
-GRAPH = {name: _imports(path) - {name} for name, path in MODULES.items()}
+GRAPH = {name: _imports(path, name) - {name} for name, path in MODULES.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -137,3 +148,38 @@ def test_the_checker_sees_a_cycle_and_an_import_inside_a_function():
     tree_imports = {_resolve(f"{n.module}.{a.name}") for n in ast.walk(ast.parse(source))
                     if isinstance(n, ast.ImportFrom) for a in n.names}
     assert tree_imports == {"evald.daemon.server"}
+
+
+def test_the_checker_sees_relative_imports(tmp_path):
+    """A relative import is an import: ``from ..ledger import ledger`` in a daemon module is seen as
+    evald.ledger.ledger, and a planted relative cycle is found."""
+    planted = tmp_path / "run.py"
+    planted.write_text("from ..ledger import ledger\nfrom . import server\nfrom .. import pipeline\n")
+    assert _imports(planted, "evald.daemon.run") == {"evald.ledger.ledger", "evald.daemon.server", "evald.pipeline"}
+    package = tmp_path / "__init__.py"
+    package.write_text("from .run import Run\n")
+    assert _imports(package, "evald.daemon") == {"evald.daemon.run"}
+    graph = dict(GRAPH)
+    graph["evald.ledger.ledger"] = graph["evald.ledger.ledger"] | _imports(planted, "evald.daemon.run")
+    assert _cycles(graph), "a relative import that closes a loop is a cycle"
+
+
+PIPELINE_SUBPACKAGES = sorted(p.parent.name for p in (REPO / "evald" / "pipeline").glob("*/__init__.py"))
+
+
+@pytest.mark.parametrize("sub", PIPELINE_SUBPACKAGES)
+def test_each_pipeline_sub_package_imports_only_what_it_says_within_the_pipeline(sub):
+    """pipeline/'s sub-packages (swap, suites, group, tasks, metrics) say which of the pipeline's own modules
+    they may use (``within evald.pipeline: ...``); with no such line, none outside themselves."""
+    doc = ast.get_docstring(ast.parse((REPO / "evald" / "pipeline" / sub / "__init__.py").read_text())) or ""
+    line = re.search(r"within evald\.pipeline: (.*?)(?:\.\s*$|\n\n|$)", doc, re.S | re.M)
+    allowed = {a.strip() for a in line.group(1).replace("\n", " ").split(",")} if line else set()
+    here = f"evald.pipeline.{sub}"
+    used = set()
+    for module, deps in GRAPH.items():
+        if module == here or module.startswith(here + "."):
+            for dep in deps:
+                if dep.startswith("evald.pipeline.") and not (dep == here or dep.startswith(here + ".")):
+                    used.add(dep.removeprefix("evald.pipeline."))
+    outside = {u for u in used if not any(u == a or u.startswith(a + ".") for a in allowed)}
+    assert not outside, f"evald/pipeline/{sub} uses {sorted(outside)} of the pipeline; its docstring allows {sorted(allowed)}"

@@ -67,7 +67,7 @@ def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: st
         part = evaluator.evaluate_part(Path(path), kind, should_abort)
     except EvaluationInterrupted:
         raise  # a forced shutdown: no answer; msrun ends the other ranks
-    except Exception as exc:  # noqa: BLE001 - every rank must answer, whatever happened to it
+    except Exception as exc:
         code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
         text, error = str(exc) if code != ERROR else repr(exc), exc
         if code == ERROR:
@@ -88,7 +88,7 @@ class GroupEvaluator:
         code, text, error = OK, "", None
         try:
             self.local = build_local(spec, (group.rank, group.size))
-        except Exception as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
+        except Exception as exc:
             code, text, error = ERROR, f"{type(exc).__name__}: {exc}", exc
         statuses, _ = group.answer(code, text)
         if error is not None:
@@ -141,7 +141,7 @@ def swap_share(evaluator: Evaluator | None, group: Group, path: str, kind: str
         if evaluator is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
         provenance = evaluator.load_only(Path(path), kind)
-    except Exception as exc:  # noqa: BLE001 - every rank must answer
+    except Exception as exc:
         code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
         text, error = str(exc), exc
     statuses, _ = group.answer(code, text)
@@ -174,7 +174,7 @@ def follow(group: Group) -> int:
             evaluator, code, text = None, OK, ""
             try:
                 evaluator = build_local(payload, (group.rank, group.size))  # type: ignore[arg-type]
-            except Exception as exc:  # noqa: BLE001 - rank 0 waits for this answer
+            except Exception as exc:
                 log.exception("rank %d: building the evaluation network failed", group.rank)
                 code, text = ERROR, f"{type(exc).__name__}: {exc}"
             group.answer(code, text)

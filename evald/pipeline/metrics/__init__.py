@@ -1,1 +1,4 @@
-"""Evaluation metrics for evald: sample quality, classification, and user plugins."""
+"""Evaluation metrics for evald: sample quality, classification, and user plugins.
+
+May import: nothing of evald.
+"""

@@ -7,5 +7,5 @@
 - ``swap_check.py``: after a swap, the network holds exactly the checkpoint's weights
 - ``provenance.py``: which weights, samples and settings produced a point
 
-May import: config, contracts, files (within evald.pipeline: nothing above this sub-package).
+May import: config, contracts, files; nothing else of evald.pipeline.
 """

@@ -4,6 +4,8 @@ into metrics. ``lm`` and ``classification`` ship with evald.
 
 A task checks ``should_abort()`` between batches and raises EvaluationInterrupted, so a
 forced shutdown (a second SIGTERM) abandons an evaluation at a batch boundary.
+
+May import: config, contracts; within evald.pipeline: metrics, subset.
 """
 
 from __future__ import annotations

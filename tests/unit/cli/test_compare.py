@@ -80,7 +80,7 @@ def test_the_text_report_names_each_task_its_interval_level_and_the_mde_settings
     assert code == 0, err
     assert "fast/arc_easy: 50 documents" in out and f"fast/hellaswag: {N} documents" in out
     assert "95% paired bootstrap (500 resamples, seed 0)" in out and "alpha=0.05" in out and "power 0.8" in out
-    line = next(l for l in out.splitlines() if l.strip().startswith("acc ") and "hellaswag" not in l)
+    line = next(row for row in out.splitlines() if row.strip().startswith("acc ") and "hellaswag" not in row)
     assert "exact p=" in line and "mid-p=" in line
     assert f"{b[:50].mean() - a[:50].mean():+.4f}" in out
 

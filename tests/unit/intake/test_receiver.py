@@ -20,7 +20,7 @@ import zmq
 
 from evald.contracts import wire
 from evald.intake.receiver import BAD_MESSAGE, ZMQ, Receiver
-from tests.conftest import tempfile_dir
+from tests.harness import private_socket_dir
 
 WAIT_S = 30.0
 
@@ -42,7 +42,7 @@ def next_item(out: queue.Queue, what: str) -> tuple[str, object]:
 
 @pytest.fixture
 def socket_dir():
-    path = tempfile_dir()
+    path = private_socket_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -19,7 +19,7 @@ import zmq
 
 from evald.contracts import wire
 from evald.intake.receiver import Receiver
-from tests.conftest import tempfile_dir
+from tests.harness import private_socket_dir
 
 FAULT_WORDS = ("frame over", "not ZeroMQ", "failed")
 # A ZMTP 3.0 greeting (signature, version 3.0) proposing a mechanism libzmq does not know.
@@ -36,7 +36,7 @@ def _wait(predicate, what: str, timeout: float = 30.0) -> None:
 
 @pytest.fixture
 def socket_dir():
-    path = tempfile_dir()
+    path = private_socket_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

@@ -17,7 +17,7 @@ from evald.ledger.samples import read_step, write_samples  # noqa: E402
 from evald.pipeline.suites.runner import SuiteRunner  # noqa: E402
 from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 from examples.tiny_lm.benchmarks import write_benchmarks  # noqa: E402
-from tests.networks import demo_network_in_graph_mode
+from tests.networks import demo_network_in_graph_mode  # noqa: E402
 
 
 @pytest.fixture(scope="module")

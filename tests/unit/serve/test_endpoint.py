@@ -15,7 +15,7 @@ httpx = pytest.importorskip("httpx")
 
 from evald.config import ServeOptions  # noqa: E402
 from tests.harness import wait_for  # noqa: E402
-from tests.networks import demo_network_in_graph_mode
+from tests.networks import demo_network_in_graph_mode  # noqa: E402
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
 
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, queue_size=8, max_body_bytes=4096,

@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx")
 from evald.config import ServeOptions  # noqa: E402
 from evald.pipeline.network import Held  # noqa: E402
 from evald.pipeline.suites.scoring import ScoreRequest  # noqa: E402
-from tests.networks import demo_network_in_graph_mode
+from tests.networks import demo_network_in_graph_mode  # noqa: E402
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
 
 STEPS = (10, 20, 30, 40, 50, 60)

@@ -19,8 +19,6 @@ Trial count: $EVALD_STOP_TRIALS (default 20).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,14 +37,6 @@ HANG_EXIT = 3  # tests/rank_worker.py
 N_TRIALS = int(os.environ.get("EVALD_STOP_TRIALS", "20"))
 WORLD = 4
 STEPS = 200
-
-
-@pytest.fixture
-def short_dir():
-    """A short private directory: ipc:// paths must fit in sockaddr_un (~107 bytes)."""
-    d = tempfile.mkdtemp(prefix="evs-")
-    yield Path(d)
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class Publisher:
