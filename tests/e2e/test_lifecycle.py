@@ -1,5 +1,6 @@
-"""Lifecycle: start-up, SIGTERM, a second signal, the end of a run, --serve-forever, and a
-second evald in the way.
+"""Lifecycle: start-up, SIGTERM, a second signal, the end of a run. (A second evald in the way, a
+run_finished message without the trainer's record and --serve-forever are checked in-process, with the real
+Server: tests/unit/daemon/test_lifecycle_in_process.py.)
 
 Real ``python -m evald`` processes; the run-finished message is a real ``wire.RunFinished``
 sent over a ZeroMQ PUSH socket to evald's endpoint.
@@ -116,18 +117,6 @@ def test_run_finished_message_evaluates_the_final_checkpoint_and_exits_0(tmp_pat
     assert "run faults finished at step 20" in evald.output()
 
 
-def test_serve_forever_keeps_running_after_run_finished_until_sigterm(tmp_path, endpoints, procs):
-    ckpt, evald = _finish_run(tmp_path, endpoints, procs, "--serve-forever")
-    wait_for(lambda: (run_dir(ckpt) / "summary.json").exists(), 180, "the run summary")
-    time.sleep(3)
-    assert evald.popen.poll() is None, evald.output()[-3000:]
-    evald.signal(signal.SIGTERM)
-    assert evald.wait(60) == 0, evald.output()[-3000:]
-    assert _steps(ckpt, "evaluated") == [20]
-    # the run was summarised once, not on every turn of the loop while serving on
-    assert [s for s, tag, _ in faults.tb_texts(run_dir(ckpt)) if tag == "evald/summary"] == [20]
-    assert evald.output().count("run complete:") == 1
-
 
 def test_the_network_is_compiled_at_start_before_the_first_checkpoint(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
@@ -157,51 +146,3 @@ def test_an_evald_that_missed_the_end_of_the_run_finishes_it_and_exits_0(tmp_pat
     summary = json.loads((run_dir(ckpt) / "summary.json").read_text())
     assert summary["final_step"] == 40 and summary["checkpoints"] == {"evaluated": 4}
     assert f"learned from {ckpt / layout.RUN_END_FILE}" in evald.output()
-
-
-def test_a_second_evald_on_the_same_endpoint_refuses_to_start_and_names_the_first(tmp_path, endpoints, procs):
-    first = faults.start(tmp_path, None, env=endpoints, zmq=True)  # waits for a trainer's notification
-    procs.append(first)
-    wait_for(lambda: "listening for notifications" in first.output(), 120, "the first evald bound")
-    second = faults.start(tmp_path, None, env=endpoints, zmq=True, name="second")
-    procs.append(second)
-    assert second.wait(60) == 2, second.output()[-3000:]
-    assert (f"endpoint {endpoints['EVALD_ENDPOINT']} is in use by evald pid {first.popen.pid}"
-            in second.output()), second.output()[-2000:]
-    assert "another --endpoint" in second.output()
-    # the first still owns the endpoint: a trainer's notification reaches it, not a ghost
-    ckpt = tmp_path / "ckpt"
-    faults.announce(ckpt)
-    faults.commit(ckpt, 10)
-    faults.push(endpoints["EVALD_ENDPOINT"], [faults.committed_notice(ckpt, 10)])
-    wait_for(lambda: _steps(ckpt, "evaluated") == [10], 180, "the first evald evaluating")
-    first.signal(signal.SIGTERM)
-    assert first.wait(60) == 0
-
-
-def test_a_second_evald_on_a_served_directory_refuses_to_start(tmp_path, procs):
-    ckpt = tmp_path / "ckpt"
-    faults.announce(ckpt)
-    first = faults.start(tmp_path, ckpt)
-    procs.append(first)
-    wait_for(lambda: "serving " in first.output(), 120, "the first evald serving")
-    second = faults.start(tmp_path, ckpt, "--logdir", str(tmp_path / "elsewhere"), name="second")
-    procs.append(second)
-    assert second.wait(60) == 2, second.output()[-3000:]
-    assert f"checkpoint directory {ckpt} is in use by evald pid {first.popen.pid}" in second.output()
-    first.signal(signal.SIGTERM)
-    assert first.wait(60) == 0
-
-
-def test_a_run_finished_message_without_the_trainers_record_ends_nothing(tmp_path, endpoints, procs):
-    ckpt = tmp_path / "ckpt"
-    faults.announce(ckpt)
-    faults.commit(ckpt, 10)
-    evald = faults.start(tmp_path, ckpt, env=endpoints, zmq=True)
-    procs.append(evald)
-    wait_for(lambda: _steps(ckpt, "evaluated") == [10], 180, "step 10 evaluated")
-    faults.push(endpoints["EVALD_ENDPOINT"], [wire.RunFinished(run_id="faults", ckpt_dir=str(ckpt), final_step=10)])
-    time.sleep(3)
-    assert evald.popen.poll() is None and not (run_dir(ckpt) / "summary.json").exists()
-    evald.signal(signal.SIGTERM)
-    assert evald.wait(60) == 0
