@@ -92,43 +92,7 @@ def test_checkpoint_from_zmq_watchdog_rescan_and_restart_is_evaluated_once(tmp_p
 
 
 # ================================================================ 2. lag policies
-
-
-@pytest.mark.parametrize("policy, args, evaluated", [
-    ("all", (), [10, 20, 30, 40, 50, 60]),
-    ("latest", (), [60]),
-    ("every-k", ("--every-k", "2"), [20, 40, 60]),
-])
-def test_lag_policy_on_a_burst(tmp_path, procs, policy, args, evaluated):
-    ckpt = tmp_path / "ckpt"
-    faults.announce(ckpt)
-    steps = [10, 20, 30, 40, 50, 60]
-    for step in steps:  # a burst: all committed before evald looks
-        faults.commit(ckpt, step)
-    evald = faults.start(tmp_path, ckpt, "--lag-policy", policy, *args, "--idle-exit-s", "2")
-    procs.append(evald)
-    assert evald.wait(180) == 0, evald.output()[-3000:]
-
-    rows = faults.ledger_rows(ckpt)
-    assert [r["step"] for r in rows] == steps
-    assert _evaluated(ckpt) == evaluated
-    skipped = [r for r in rows if r["state"] == "skipped"]
-    assert len(skipped) == len(steps) - len(evaluated)
-    assert all(r["reason"] and policy in r["reason"] for r in skipped), skipped
-    assert all(r["seen_at"] and r["finished_at"] >= r["seen_at"] for r in rows)
-    logdir = run_dir(ckpt)
-    _one_point_per_step(logdir, evaluated)
-    tags = faults.scalar_tags(logdir)
-    assert set(EVALD_TAGS) <= set(tags), tags
-    lag_steps = {s: v for s, _, v in scalar_points(logdir, "evald/lag_steps")}
-    assert {s: lag_steps[s] for s in evaluated} == {s: 60.0 - s for s in evaluated}
-    assert sorted(lag_steps) == steps  # a skipped step too, with its lag when it was skipped, at its own step
-    assert all(v >= 0 for _, _, v in scalar_points(logdir, "evald/lag_s"))
-    skipped_total = [v for _, _, v in scalar_points(logdir, "evald/skipped_total")]
-    assert skipped_total[-1] == len(skipped)
-    depth = [v for _, _, v in scalar_points(logdir, "evald/queue_depth")]
-    # every-k skips on arrival, latest skips the older queued ones when it picks the newest
-    assert depth == {"all": [5, 4, 3, 2, 1, 0], "latest": [0], "every-k": [2, 1, 0]}[policy]
+# On a burst, in-process through evald's own loop: tests/unit/daemon/test_lag_policy_in_process.py
 
 
 # ================================================================ 3. SIGKILL at random moments

@@ -6,7 +6,6 @@ The real Server, with a real notification receiver on a private ipc endpoint; no
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 
 import pytest
@@ -39,14 +38,6 @@ def _server(tmp_path, **options) -> Server:
     config = dataclasses.replace(EvaldConfig(), endpoint=f"ipc://{sockets}/notify.sock",
                                  control_endpoint=f"ipc://{sockets}/control.sock", **options)
     return Server(ResolvedConfig(config, {}), pipeline=NothingToEvaluate())
-
-
-@pytest.fixture
-def private_umask():
-    umask = os.umask(0o022)
-    os.umask(umask)
-    yield
-    os.umask(umask)  # startup makes evald's state private with a umask: not this test process's
 
 
 def test_a_signal_only_sets_flags_and_the_second_one_forces(tmp_path):
