@@ -25,10 +25,6 @@ from tests import faults
 from tests.harness import (PYTHON, Proc, base_env, committed_steps, hook_stats, raw_scalar_steps, run_dir,
                            scalar_points, start_trainer, wait_for)
 
-EVALD_TAGS = ("evald/lag_steps", "evald/lag_s", "evald/queue_depth", "evald/skipped_total",
-              "evald/failed_total")
-
-
 def _report(name: str, **figures) -> None:
     """One line per measured run (``pytest -s`` shows it; docs/reliability.md quotes them)."""
     print(f"\nFAULTS-REPORT {name} {json.dumps(figures, sort_keys=True)}", flush=True)
