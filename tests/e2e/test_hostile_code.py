@@ -79,39 +79,27 @@ def test_a_forged_announcement_over_tcp_names_no_code_and_the_run_goes_on(tmp_pa
     assert bait.untouched()
 
 
-@pytest.mark.parametrize("how", [pytest.param("other owner", marks=pytest.mark.smoke), "group-writable",
-                                 "world-writable", "link"])
-def test_a_run_json_others_control_names_no_code_and_no_search_path(tmp_path, procs, how):
+@other_user
+@pytest.mark.smoke
+def test_a_run_json_of_another_owner_names_no_code_and_no_search_path(tmp_path, procs):
+    """A real evald process; the same rule for a group- or world-writable RUN.json and for a link runs
+    in-process with the real Server and Pipeline (tests/unit/daemon/test_hostile_code_in_process.py)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     bait = hostile.Bait.make(tmp_path)
     text = wire.RunAnnounced(run_id="faults", ckpt_dir=str(ckpt), model_factory=bait.evil_factory(),
                              data_factory=bait.system_factory()).encode().decode()
-    run_file = ckpt / layout.RUN_FILE
-    if how == "link":  # to a RUN.json evald's user owns: the link itself is refused
-        trusted = tmp_path / "elsewhere"
-        trusted.mkdir()
-        layout.write_run_file(trusted, text)
-        os.symlink(trusted / layout.RUN_FILE, run_file)
-    else:
-        layout.write_run_file(ckpt, text)
-        if how == "other owner":
-            if not hostile.is_root():
-                pytest.skip("chown needs root")
-            os.chown(run_file, hostile.OTHER_UID, hostile.OTHER_UID)
-        os.chmod(run_file, {"other owner": 0o644, "group-writable": 0o664, "world-writable": 0o646}[how])
+    run_file = layout.write_run_file(ckpt, text)
+    os.chown(run_file, hostile.OTHER_UID, hostile.OTHER_UID)
+    os.chmod(run_file, 0o644)
     faults.commit(ckpt, 10)
     evald = faults.start(tmp_path, ckpt, "--idle-exit-s", "3")
     procs.append(evald)
     assert evald.wait(180) == 3, evald.output()[-3000:]  # checkpoints wait that cannot be evaluated
     log = evald.output()
-    if how == "link":
-        assert f"{run_file} is a symbolic link; links are not followed here" in log
-    else:
-        why = {"other owner": f"is owned by uid {hostile.OTHER_UID}, not by evald's uid",
-               "group-writable": "group or others can write", "world-writable": "group or others can write"}[how]
-        assert ("refused the model factory 'evil:build' (kwargs {}, search path " + repr(str(bait.root))) in log
-        assert "refused the data factory 'os:system'" in log and why in log
+    assert ("refused the model factory 'evil:build' (kwargs {}, search path " + repr(str(bait.root))) in log
+    assert "refused the data factory 'os:system'" in log
+    assert f"is owned by uid {hostile.OTHER_UID}, not by evald's uid" in log
     assert "importing the" not in log  # nothing was imported, and the bait never reached sys.path
     assert bait.untouched()
     assert faults.ledger_by_key(ckpt)[layout.step_dir_name(10)]["state"] == "queued"
