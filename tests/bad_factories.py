@@ -1,4 +1,4 @@
-"""Data factories of the wrong shape, as a new user writes them (used by test_bad_configuration)."""
+"""Data factories of the wrong shape, as a new user writes them (used by tests/unit/daemon/test_bad_configuration_in_process.py)."""
 
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ def test_a_run_json_others_control_names_no_code_and_no_search_path(tmp_path, ho
     else:
         assert ("refused the model factory 'evil:build' (kwargs {}, search path " + repr(str(bait.root))) in log
         assert "refused the data factory 'os:system'" in log and "group or others can write" in log
+        assert f"(mode {oct(run_file.stat().st_mode & 0o777)})" in log
     assert "importing the" not in log  # nothing was imported, and the bait never reached sys.path
     assert str(bait.root) not in sys.path
     assert bait.untouched()
