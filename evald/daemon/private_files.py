@@ -26,7 +26,7 @@ log = logging.getLogger("evald")
 STATE_MODES = ("private", "group")
 _MODES = {"private": (0o700, 0o600, 0o077), "group": (0o750, 0o640, 0o027)}  # directory, file, umask
 STATE_FILES = ("ledger.sqlite*", "events.out.tfevents.*", "best.json", "summary.json", "subset.json", "evald.lock",
-               "evald-run.json")
+               "evald-run.json", "counters.json")
 SUB_RUNS = ("train", "eval")  # evald.sinks.tensorboard.SUB_RUNS
 
 

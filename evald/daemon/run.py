@@ -42,6 +42,7 @@ from evald.ledger.requeue import RETRY, RetryWatch, requeue_if_config_changed
 from evald.pipeline.pipeline import EvaluationPipeline
 from evald.sinks.best_pointer import write_best_pointer
 from evald.sinks.control import ControlPublisher
+from evald.sinks.counters import CountersFile, MessageCounts
 from evald.sinks.leases import Leases
 from evald.sinks.summary import write_run_summary
 from evald.sinks.tensorboard import TensorBoardSink
@@ -72,6 +73,7 @@ class Run:
             self.decisions, newest_step=lambda: self.intake.newest_step,
             every_n_steps=lambda: self.announcement.every_n_steps if self.announcement else None)
         self.tensorboard = TensorBoardSink(run_dir, self.ledger)
+        self.counts = CountersFile(run_dir)
         self.intake = Intake(ckpt_dir, self.ledger, self.config)
         requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
         self.retries = RetryWatch(self.ledger)
@@ -110,6 +112,7 @@ class Run:
     def handle(self, source: str, item: Any) -> bool:
         """One event; True when it was news (a message for this run, or an entry not seen before)."""
         if source in (ZMQ, ZMQ_UNTRUSTED):  # an untrusted message is a doorbell too, never more
+            self.counters.handled_messages += 1
             return self._message(item, trust.of_message(self.receiver, peer_trusted=source == ZMQ))
         if source in (WATCHDOG, RESCAN):
             return self._path(Path(item), source)
@@ -220,6 +223,9 @@ class Run:
             self.intake.forget_judged()
             self._rescan()
         self.tensorboard.drain()
+        self.counts.update(MessageCounts(handled=self.counters.handled_messages,
+                                         ignored=self.counters.ignored_messages,
+                                         bad_frames=self.receiver.rejected if self.receiver is not None else 0))
 
     def prepare(self) -> bool:
         """Build the evaluation network if its factories are known; False while it cannot be."""

@@ -37,6 +37,7 @@ class Counters:
     evaluated: int = 0              # by this process
     unexpected_in_a_row: int = 0
     bad_messages: int = 0
+    handled_messages: int = 0       # valid messages the loop handled (doorbells)
     ignored_messages: int = 0
     longest_load_s: float = 0.0     # the slowest checkpoint load so far, for the run summary
 

@@ -5,6 +5,7 @@ pointer, and the run summary.
 - ``tensorboard.py`` (the outbox's writer), ``tensorboard_layout.py`` (the Custom Scalars layout, the shown tags)
 - ``control.py``, ``leases.py``, ``best_pointer.py``
 - ``summary.py`` (summary.json), ``summary_table.py`` (its Markdown table)
+- ``counters.py`` (counters.json): what the loop did with the messages it got
 - ``sample_files.py``: the paired SE of a suite monitor, from the per-sample outputs (read with
   ``ledger/samples.py``)
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 
 import pytest
 
 from evald.contracts import layout, wire
+from evald.sinks.counters import MessageCounts, read_counts
 from tests import faults, hostile
 from tests.harness import run_dir, scalar_points, wait_for
 from trainer_hooks.stop_agreement import ControlSubscriber, StopAgreement
@@ -70,8 +72,11 @@ def test_forged_messages_neither_retarget_nor_end_nor_stall_the_run_nor_push_the
         subscriber.close()
     # the stop step is counted from the checkpoints on disk (20) plus at most two intervals, plus the margin
     assert state.stop_at_step is not None and state.stop_at_step <= 20 + 2 * every + every, state
-    time.sleep(2)
-    assert evald.popen.poll() is None, "a forged run_finished ended the run"
+    sent = len(forged) + 1 + 2
+    wait_for(lambda: (read_counts(run_dir(ckpt)) or MessageCounts()).handled >= sent, 60,
+             f"evald's loop handled all {sent} messages (counters.json)")
+    assert _still_running(evald), "a forged run_finished ended the run"
+    assert read_counts(run_dir(ckpt)).ignored >= 3  # another directory (twice) and another run
     assert not (run_dir(ckpt) / "summary.json").exists()
     assert bait.untouched()
     assert "ignored a" in evald.output()
@@ -82,10 +87,21 @@ def test_forged_messages_neither_retarget_nor_end_nor_stall_the_run_nor_push_the
     again = faults.start(tmp_path, ckpt, env=endpoints, zmq=True, name="evald2")  # nothing forged was kept
     procs.append(again)
     wait_for(lambda: "serving" in again.output(), 120, "the restart serving")
-    time.sleep(2)
-    assert again.popen.poll() is None and "run real finished" not in again.output()
+    faults.push(endpoints["EVALD_ENDPOINT"], [faults.committed_notice(ckpt, 20, "real")])
+    # the first evald's counters.json said 11; the restart's own counts start again at 0
+    wait_for(lambda: (read_counts(run_dir(ckpt)) or MessageCounts()).handled == 1, 60, "the restart's loop turning")
+    assert _still_running(again) and "run real finished" not in again.output()
     again.signal(signal.SIGTERM)
     assert again.wait(60) == 0
+
+
+def _still_running(proc, turn_s: float = 1.0) -> bool:
+    """Still running a loop turn after the one that handled the messages (the turn that would have ended it)."""
+    try:
+        proc.popen.wait(timeout=turn_s)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
 
 
 def _publish_stop_as_other_user(endpoint: str, run_id: str, seconds: float) -> int:

@@ -15,8 +15,8 @@ import pytest
 
 from evald.contracts import wire
 from evald.daemon.server import Server
+from evald.sinks.counters import MessageCounts, read_counts
 from tests import faults
-from tests.harness import wait_for
 from tests.unit.daemon.rig import RUN_ID, MeanWeightPipeline, config, evaluated, refused, stage, tick_until
 
 pytestmark = pytest.mark.usefixtures("private_umask")
@@ -62,13 +62,14 @@ def test_a_run_finished_message_without_the_trainers_record_ends_nothing(tmp_pat
     try:
         server.startup()
         tick_until(server, lambda: evaluated(server) == [10], "step 10 evaluated")
-        received = server.receiver.received
         faults.push(f"ipc://{sockets}/n.sock", [wire.RunFinished(run_id=RUN_ID, ckpt_dir=str(ckpt), final_step=10)])
-        wait_for(lambda: server.receiver.received > received, 30, "the run_finished message received")
-        for _ in range(20):  # the message is in the queue: these turns handle it
-            assert server.on_tick(), "a forged run_finished ended the run"
+        # counters.json says the loop handled it; the same turn asked whether the run is complete
+        tick_until(server, lambda: (read_counts(server.run.run_dir) or MessageCounts()).handled == 1,
+                   "the run_finished message handled")
+        assert server.on_tick(), "a forged run_finished ended the run"
         assert server.run.run_end is None
         assert not (server.run.run_dir / "summary.json").exists()
+        assert read_counts(server.run.run_dir) == MessageCounts(handled=1, ignored=0, bad_frames=0)
     finally:
         server.shutdown()
 
