@@ -37,8 +37,8 @@ from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED, Receiver
 from evald.intake.train_stream import TrainStream, reach
 from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.ledger.disk_full import DiskWait
-from evald.ledger.ledger import EVALUATED, EVALUATING, FINAL_STATES, QUEUED, Ledger
-from evald.ledger.requeue import RETRY, RetryWatch, requeue_if_config_changed
+from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
+from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
 from evald.pipeline.pipeline import EvaluationPipeline
 from evald.sinks.best_pointer import write_best_pointer
 from evald.sinks.control import ControlPublisher
@@ -283,21 +283,16 @@ class Run:
             catch_up=self.catch_up)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
         self.tensorboard.drain()
-        if done is not None and done[1] is not None and self.pipeline.suites:  # its cells, on the weights held
+        if done is not None and done.evaluated and self.pipeline.suites:  # its cells, on the weights held
             suite_turn.queue_due(self.ledger, self.pipeline)
             if self.ledger.cell_counts():
                 suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
-                                          max_attempts=self.config.tuning.max_attempts, step=done[0].step,
+                                          max_attempts=self.config.tuning.max_attempts, step=done.row.step,
                                           monitor=self.suite_monitor)
                 self.tensorboard.drain()
                 self._after_suite_decision()
-        if done is not None and done[1] is not None and done[0].found_via == RETRY and self.ledger.superseded(
-                done[0].step):  # a re-evaluation: the best comes from current results only (issue 18.2)
-            self.decisions.rebuild_best({row.step: row.metrics or {} for row in self.ledger.steps(EVALUATED)})
-            self.ledger.put_state("decisions", self.decisions.state_dict())
-            self._write_best_pointer()
-        if done is not None and done[1] is not None:
-            if done[1].improved:
+        if done is not None and done.evaluated:
+            if done.outcome.improved or done.best_rebuilt:
                 self._write_best_pointer()
             self._publish()
         return True

@@ -58,11 +58,23 @@ class Context:
     catch_up: CatchUp | None = None  # the build's backlog, not lag (evald.intake.lag_policy)
 
 
+@dataclass(frozen=True)
+class TurnResult:
+    """What one evaluation turn did to the step the lag policy picked."""
+
+    row: Step                   # the step's row as the turn started it
+    outcome: Outcome | None     # the decisions' outcome when it was evaluated; None: failed or queued again
+    best_rebuilt: bool = False  # a re-evaluation: the best step was derived again from the current results
+
+    @property
+    def evaluated(self) -> bool:
+        return self.outcome is not None
+
+
 def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx: Context,
-                  counters: Counters) -> tuple[Step, Outcome | None] | None:
+                  counters: Counters) -> TurnResult | None:
     """Evaluate (or skip) what the lag policy picks; None when there was nothing to do.
 
-    Returns the step row and, when it was evaluated, the decisions' Outcome.
     Raises EvaluationInterrupted (the step is queued again) and SystemicFailure.
     """
     queued = ledger.steps(QUEUED)
@@ -92,21 +104,27 @@ def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx:
     if isinstance(result, Evaluated):
         counters.unexpected_in_a_row = 0
         counters.evaluated += 1
-        return row, _commit_evaluation(ledger, decisions, ctx, counters, row, result, depth)
+        return _commit_evaluation(ledger, decisions, ctx, counters, row, result, depth)
     if isinstance(result, Failed):
         _commit_failure(ledger, ctx, row, result.state, result.reason, identity=result.identity)
-        return row, None
-    return row, _unexpected(ledger, ctx, counters, row, result)
+        return TurnResult(row, None)
+    _unexpected(ledger, ctx, counters, row, result)
+    return TurnResult(row, None)
 
 
 def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, counters: Counters, row: Step,
-                       evaluated: Evaluated, queue_depth: int) -> Outcome:
+                       evaluated: Evaluated, queue_depth: int) -> TurnResult:
     result = evaluated.result
     now = time.time()
     counters.longest_load_s = max(counters.longest_load_s, result.load_s)
     newest = _current_step(ctx, row.step)  # the trainer's word, capped near the disk (forged steps)
     outcome = decisions.observe_eval(row.step, result.metrics, newest_step=newest,
                                      every_n_steps=ctx.every_n_steps)
+    best_rebuilt = row.found_via == RETRY and bool(ledger.superseded(row.step))
+    if best_rebuilt:  # a re-evaluation: the best comes from current results only (issue 18.2), committed below
+        current = {r.step: r.metrics or {} for r in ledger.steps(EVALUATED)}
+        current[row.step] = dict(result.metrics)
+        decisions.rebuild_best(current)
     counts = ledger.counts()
     scalars = dict(result.metrics)
     scalars.update({
@@ -153,7 +171,7 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
                     outcome.reason, outcome.advisory_stop_at)
     if outcome.advice:
         log.warning("learning-rate advice at step %d: %s", row.step, outcome.advice["reason"])
-    return outcome
+    return TurnResult(row, outcome, best_rebuilt)
 
 
 def _layout_if_new(ledger: Ledger, row: Step, metrics: dict, monitor: str, wall_time: float) -> None:
@@ -192,7 +210,7 @@ def _unexpected(ledger: Ledger, ctx: Context, counters: Counters, row: Step, ret
     if row.attempts >= ctx.max_attempts and counters.evaluated > 0:
         # Other checkpoints evaluate fine: this one is the problem.
         _commit_failure(ledger, ctx, row, FAILED, f"{retry.reason} on each of {row.attempts} attempts")
-        return None
+        return
     ledger.requeue(row.step, f"attempt {row.attempts} raised unexpectedly: {retry.reason}")
     log.error("step %d: attempt %d raised unexpectedly (%s); it stays queued and will be tried again. "
               "This is not a verdict on the checkpoint: if it repeats, it is a bug or a set-up problem",

@@ -16,14 +16,10 @@ from evald.files.recognise import EVALD
 from evald.pipeline.group.protocol import BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, from_limbs, to_limbs
 from tests import faults
 
-def test_the_parts_put_together_are_the_one_device_outputs_bit_for_bit(tmp_path):
-    pytest.importorskip("mindspore")
-    import mindspore as ms
-
+def test_the_parts_put_together_are_the_one_device_outputs_bit_for_bit(tmp_path, graph_mode):
     from evald.pipeline.network import Evaluator
     from evald.pipeline.tasks.generation import SampleGenerator
 
-    ms.set_context(mode=ms.GRAPH_MODE)
     path = faults.commit(tmp_path / "ckpt", 10)
     entry_kind = EVALD  # evald's own layout, as the ledger records it
 

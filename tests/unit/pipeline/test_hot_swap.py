@@ -17,12 +17,7 @@ from examples.tiny_lm import model  # noqa: E402
 SIZE = {"seq_len": 16, "d_model": 32}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=before)
+pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/unit/conftest.py
 
 
 @pytest.fixture(scope="module")

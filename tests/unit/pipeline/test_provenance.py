@@ -29,12 +29,7 @@ DATA = FactorySpec("examples.tiny_lm.data:validation_windows", {"seq_len": 16})
 SPECS = ("lm", MODEL, DATA, 24, 3, 8, None, ())
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=before)
+pytestmark = pytest.mark.usefixtures("graph_mode")  # tests/unit/conftest.py
 
 
 def evaluator(verify="sampled") -> Evaluator:

@@ -13,14 +13,6 @@ from examples.tiny_lm.model import build_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def graph_mode():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
-    yield
-    ms.set_context(mode=before)
-
-
-@pytest.fixture(scope="module")
 def network(graph_mode):
     net = build_model(seq_len=64, seed=3)
     net.set_train(False)
