@@ -20,7 +20,7 @@ import logging
 import queue
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from evald.config import ConfigError, ResolvedConfig, with_announcement
 from evald.contracts import layout, outside_paths
@@ -55,6 +55,9 @@ BLOCKED_REMINDER_S = 60.0
 
 
 class Run:
+    """The loop's work for one checkpoint directory. The constructor only records what it is given;
+    ``start`` opens the ledger, reads the trainer's files, starts the watcher and publishes the state."""
+
     def __init__(self, resolved: ResolvedConfig, ckpt_dir: Path, run_dir: Path, *, control: ControlPublisher | None,
                  receiver: Receiver | None,
                  events: "queue.Queue[tuple[str, Any]]", pipeline: EvaluationPipeline,
@@ -62,23 +65,10 @@ class Run:
         self.operator = resolved              # what the operator configured
         self.resolved = resolved              # ... merged with the trainer's announcement
         self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
+        self.events = events
         self.counters = evaluation.Counters()
         self.catch_up = CatchUp(started_at=time.time())  # checkpoints committed from now on, while building: not lag
         self.disk = disk or DiskWait()
-        self.ledger = Ledger(run_dir / LEDGER_FILE, self.disk)
-        self.ledger.recover_interrupted(self.config.tuning.max_attempts)
-        self.decisions = Decisions(self.config)
-        self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
-        self.suite_monitor = suite_turn.SuiteMonitor(  # a monitor on a suite metric decides on its cells
-            self.decisions, newest_step=lambda: self.intake.newest_step,
-            every_n_steps=lambda: self.announcement.every_n_steps if self.announcement else None)
-        self.tensorboard = TensorBoardSink(run_dir, self.ledger)
-        self.counts = CountersFile(run_dir)
-        self.intake = Intake(ckpt_dir, self.ledger, self.config)
-        requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
-        self.retries = RetryWatch(self.ledger)
-        self.train = TrainStream(self.ledger, self.decisions)
-        self.leases = Leases(ckpt_dir, self.ledger, self.config.tuning.lease_s)
         self.pipeline = pipeline
         self.announcement: RunAnnounced | None = None
         self.channel = trust.of_receiver(receiver)      # whether its messages may name factories
@@ -90,16 +80,36 @@ class Run:
         self._last_rescan = time.monotonic()
         self._identities_for: Any = None
         self._subset_recorded: Any = None  # the SubsetInfo last written to subset.json
-        self.discovery = Discovery(ckpt_dir, events, watch=self.config.tuning.watch,
+        self._opened: list[tuple[str, Callable[[], None]]] = []  # what close() closes, in reverse
+
+    def start(self) -> None:
+        self.ledger = Ledger(self.run_dir / LEDGER_FILE, self.disk)
+        self._opened.append(("ledger", self.ledger.close))
+        self.ledger.recover_interrupted(self.config.tuning.max_attempts)
+        self.decisions = Decisions(self.config)
+        self.decisions.load_state_dict(self.ledger.get_state("decisions", {}))
+        self.suite_monitor = suite_turn.SuiteMonitor(  # a monitor on a suite metric decides on its cells
+            self.decisions, newest_step=lambda: self.intake.newest_step,
+            every_n_steps=lambda: self.announcement.every_n_steps if self.announcement else None)
+        self.tensorboard = TensorBoardSink(self.run_dir, self.ledger)
+        self._opened.append(("events", self.tensorboard.close))
+        self.counts = CountersFile(self.run_dir)
+        self.intake = Intake(self.ckpt_dir, self.ledger, self.config)
+        requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
+        self.retries = RetryWatch(self.ledger)
+        self.train = TrainStream(self.ledger, self.decisions)
+        self.leases = Leases(self.ckpt_dir, self.ledger, self.config.tuning.lease_s)
+        self.discovery = Discovery(self.ckpt_dir, self.events, watch=self.config.tuning.watch,
                                    polling_interval_s=self.config.tuning.polling_interval_s)
         self._read_announcement()
         self._read_run_end()
         self.discovery.start()
+        self._opened.append(("watcher", self.discovery.stop))
         self._rescan()
         self._publish()
         self._write_best_pointer()
-        log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", ckpt_dir,
-                 self.run_id, run_dir)
+        log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", self.ckpt_dir,
+                 self.run_id, self.run_dir)
 
     @property
     def config(self):
@@ -347,11 +357,10 @@ class Run:
                                                           self.decisions.best_value))
 
     def close(self) -> None:
-        for name, closer in (("watcher", self.discovery.stop), ("events", self.tensorboard.close),
-                             ("ledger", self.ledger.close)):
+        """Close what ``start`` opened (all of it, or what it got to before it failed), newest first."""
+        while self._opened:
+            name, closer = self._opened.pop()
             try:
                 closer()
             except Exception:
                 log.exception("closing the %s failed during shutdown", name)
-
-

@@ -145,6 +145,7 @@ class Server:
         self.locks.append(Lock(run.lock, f"run directory {run.path}", "give this one another --logdir"))
         self.run = Run(self.resolved, ckpt_dir, run.path, control=self.control, receiver=self.receiver,
                        events=self.events, pipeline=self.pipeline, disk=self.disk)
+        self.run.start()  # the ledger, the trainer's files, the watcher: what fails here is closed by shutdown
         log.info("TensorBoard run %r in %s: view it with  tensorboard --logdir %s", run.name, run.logdir, run.logdir)
         self.run.prepare()
         if self.serving is not None:

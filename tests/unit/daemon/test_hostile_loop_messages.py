@@ -71,8 +71,10 @@ def _run(tmp_path: Path) -> Run:
     faults.commit(ckpt, 1)
     (tmp_path / "run").mkdir()
     config = dataclasses.replace(EvaldConfig(), lag_policy="all")
-    return Run(ResolvedConfig(config, {}), ckpt, tmp_path / "run", control=None, receiver=None,
-               events=queue.Queue(), pipeline=NoPipeline())
+    run = Run(ResolvedConfig(config, {}), ckpt, tmp_path / "run", control=None, receiver=None,
+              events=queue.Queue(), pipeline=NoPipeline())
+    run.start()
+    return run
 
 
 def test_an_attached_evald_ignores_messages_naming_a_loop(tmp_path, caplog):

@@ -159,6 +159,7 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
     run = Run(ResolvedConfig(config, {}), ckpt, run_dir, control=None, receiver=None, events=queue.Queue(),
               pipeline=Pipeline())
     try:
+        run.start()
         while run.work():
             pass
     finally:
