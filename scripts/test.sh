@@ -8,7 +8,8 @@
 #                                slow fault/load runs. .ci/run runs both stages; together they run every test once.
 #   ./scripts/test.sh ARGS...    pytest with ARGS as given (a file, a folder, -k, -m ...), nothing selected for you.
 #
-# Each stage installs only what it needs: .venv always; headless Chromium and .venv-mindformers only for --rest.
+# Each stage installs only what it needs: .venv always; headless Chromium, systemd and .venv-mindformers only for
+# --rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GLOG_v=3
@@ -32,7 +33,7 @@ for arg in "$@"; do
 done
 
 if [[ $stage == rest ]]; then
-    bash scripts/setup_env.sh --with-browser   # headless Chromium for tests/e2e/test_views.py
+    bash scripts/setup_env.sh --with-system-tools   # Chromium (test_views.py), systemd (test_deploy.py)
     bash scripts/setup_mindformers.sh          # .venv-mindformers, for tests/e2e/test_mindformers_recipe.py
     $selects || set -- -m "$REST_STAGE" "$@"
 else

@@ -30,7 +30,7 @@ def browser() -> str:
         if found:
             return found
     pytest.fail("no headless Chromium: install it with `apt-get install -y chromium-headless-shell` (or "
-                "`chromium`); scripts/setup_env.sh --with-browser does this when run as root")
+                "`chromium`); scripts/setup_env.sh --with-system-tools (run by ./scripts/test.sh --rest) does this as root")
 
 
 def get(base: str, path: str, **query: str):
