@@ -115,9 +115,13 @@ def test_a_number_no_float_holds_is_refused_naming_the_line(tmp_path, value):
         read_samples(found)
 
 
-def test_a_sidecar_metric_no_float_holds_is_refused(tmp_path):
-    found = _pair(tmp_path, [DOC], json.dumps(_sidecar(metrics={"acc": 10**400})).encode())
-    with pytest.raises(SampleFileError, match=r"sidecar metric 'acc' must be a finite number") as caught:
+@pytest.mark.parametrize("value,message", [(10**400, r"not strict JSON: the integer 1000.* is beyond 64 bits"),
+                                           ("0.5", r"sidecar metric 'acc' must be a finite number"),
+                                           ([1, 2], r"sidecar metric 'acc' must be a finite number")])
+def test_a_sidecar_metric_no_float_holds_is_refused(tmp_path, value, message):
+    """10**400 made `evald compare` raise OverflowError comparing it with the per-sample mean."""
+    found = _pair(tmp_path, [DOC], json.dumps(_sidecar(metrics={"acc": value})).encode())
+    with pytest.raises(SampleFileError, match=message) as caught:
         read_sidecar(found)
     assert str(found.sidecar) in str(caught.value)
 
