@@ -7,6 +7,7 @@ lm-eval's real tasks; the ledger and the cell's turn are the daemon's own."""
 
 from __future__ import annotations
 
+import logging
 import re
 from types import SimpleNamespace
 
@@ -92,7 +93,8 @@ def test_rolling_log_likelihoods_that_are_not_finite_fail_too(include, mc, broke
         bpb.run()
 
 
-def test_the_cell_is_failed_with_the_reason_and_no_number_reaches_the_ledger_or_tensorboard(mc, broken, tmp_path):
+def test_the_cell_is_failed_with_the_reason_and_no_number_reaches_the_ledger_or_tensorboard(mc, broken, tmp_path,
+                                                                                            caplog):
     ledger = Ledger(tmp_path / "ledger.sqlite")
     try:
         ledger.admit(name="step_000000010", step=10, kind="evald", found_via="rescan", run_id="r", commit_time=1.0)
@@ -104,7 +106,11 @@ def test_the_cell_is_failed_with_the_reason_and_no_number_reaches_the_ledger_or_
         pipeline.suites["mc"], pipeline.loaded_step = mc, 10
         ledger.queue_cells("mc", mc.cell_identity, [10])
         broken(float("nan"))
-        assert suite_turn.evaluate_cells(ledger, pipeline, tmp_path / "ckpt", tmp_path, max_attempts=3, step=10)
+        with caplog.at_level(logging.INFO, logger="evald"):
+            assert suite_turn.evaluate_cells(ledger, pipeline, tmp_path / "ckpt", tmp_path, max_attempts=3, step=10)
+        logged = [r.getMessage() for r in caplog.records if r.name == "evald"]
+        assert any(m.startswith("step 10 suite mc not evaluated (failed): ") and "not finite" in m for m in logged)
+        assert not any("acc=" in m for m in logged)
         cell = ledger.cell(10, "mc")
         assert cell.state == FAILED and not cell.metrics
         assert re.search(rf"not finite .* on {DOCS} of {DOCS} documents of task stdlib_next_line", cell.reason)
