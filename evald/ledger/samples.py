@@ -302,7 +302,7 @@ def read_sidecar(file: SampleFile) -> Sidecar:
     recomputed = identity_digest(identity)
     if recomputed != digest:
         raise SampleFileError(f"{path}: its identity hashes to {recomputed[:12]}, not the identity_sha256 it states "
-                              f"({digest[:12]}): the identity was edited after it was written; its results cannot "
+                              f"({digest[:12]}): the identity was edited or damaged after it was written; its results cannot "
                               f"be compared")
     return Sidecar(identity, digest, metrics, cell)
 
