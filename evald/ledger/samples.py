@@ -302,8 +302,8 @@ def read_sidecar(file: SampleFile) -> Sidecar:
     recomputed = identity_digest(identity)
     if recomputed != digest:
         raise SampleFileError(f"{path}: its identity hashes to {recomputed[:12]}, not the identity_sha256 it states "
-                              f"({digest[:12]}): the identity was edited or damaged after it was written; its results cannot "
-                              f"be compared")
+                              f"({digest[:12]}): the identity was edited or damaged after it was written; its "
+                              f"results cannot be compared")
     return Sidecar(identity, digest, metrics, cell)
 
 

@@ -11,7 +11,6 @@ import logging
 import re
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore")
@@ -64,8 +63,8 @@ def broken(network):
 
 
 def test_finite_weights_score_as_before(mc):
-    result = mc.run()
-    assert 0 <= result.tasks["stdlib_next_line"].metrics["acc"] <= 1 and result.tasks["stdlib_next_line"].documents == DOCS
+    task = mc.run().tasks["stdlib_next_line"]
+    assert 0 <= task.metrics["acc"] <= 1 and task.documents == DOCS
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
