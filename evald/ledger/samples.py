@@ -10,10 +10,16 @@ Layout (in the run directory)::
 Writing: atomically (temporary file, fsync, rename; the JSONL first, so a sidecar always has its
 samples) and deterministically (gzip without a timestamp), so a crash and a re-evaluation write the
 same bytes; a step rewritten under another cell identity keeps the old pair renamed
-``*.superseded-<CELL12>``. Sizes are measured in docs/performance.md.
+``*.superseded-<CELL12>``. Strict JSON: a number that is not finite (none should arrive: a
+non-finite log-likelihood fails the cell, evald.pipeline.suites.runner) is written as ``null`` and
+its place named in the record's ``"nonfinite"`` list, never as a ``NaN``/``Infinity`` literal. Sizes
+are measured in docs/performance.md.
 
 Reading: the files are input (another run's, a copied folder, a damaged disk), so every read is
 bounded and validated, and every error is a :class:`SampleFileError` naming the file (and line):
+strict UTF-8 JSON (no ``NaN``/``Infinity``; metric values finite, integers within 64 bits), nested at most
+``MAX_DEPTH`` deep (measured before parsing, so 100,000 brackets cost no recursion); a sidecar's
+identity hash is recomputed from its identity, and its step, suite and task must be those of its name.
 
 - :func:`list_samples` / :func:`current` / :func:`find_samples`: which files exist, which is current
   (the newest sidecar of a step)
@@ -28,6 +34,7 @@ May import: contracts.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import math
 import os
@@ -48,8 +55,14 @@ MAX_LINE_BYTES = 16 << 20                # one document's line (generations can 
 MAX_DOCUMENTS = 1_000_000                # documents in one samples file
 MAX_METRICS = 64                         # metrics per document
 MAX_DOC_ID = 2**53                       # a JSON integer every reader agrees on
+MAX_DEPTH = 64                           # nesting of arrays and objects in one line or sidecar (evald writes <= 6)
+MAX_SIDECAR_METRICS = 4 * MAX_METRICS    # aggregates in a sidecar (each metric, its stderr, other filters)
+MAX_INT = 2**63 - 1                      # a metric's integer beyond 64 bits is refused (no float holds 10**400)
+NONFINITE = "nonfinite"                  # a record's list of the places written as null for a non-finite number
 _NAME = re.compile(r"step_(\d{1,19})\.([0-9a-f]{12})\.json")
 _HASH = re.compile(r"[0-9a-f]{64}")
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)   # a JSON string literal, escapes included
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 class SampleFileError(ValueError):
@@ -120,13 +133,41 @@ def write_samples(run_dir: Path, *, suite: str, task: str, step: int, identity: 
             for path in (data, sidecar):
                 if path.exists():
                     os.replace(path, path.with_name(f"{path.name}.superseded-{old[:12]}"))
-    lines = "".join(json.dumps(dict(s), sort_keys=True, separators=(",", ":")) + "\n" for s in samples)
+    lines = "".join(json.dumps(_strict_record(s), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
+                    for s in samples)
     _atomic(data, gzip.compress(lines.encode("utf-8"), compresslevel=6, mtime=0))
     head = {"suite": suite, "task": task, "step": int(step), "identity_sha256": identity_sha256,
             "cell_identity": cell_identity, "identity": dict(identity), "metrics": dict(metrics),
             "documents": len(samples)}
-    _atomic(sidecar, json.dumps(head, sort_keys=True, indent=1).encode("utf-8"))
+    _atomic(sidecar, json.dumps(_strict_record(head), sort_keys=True, indent=1, allow_nan=False).encode("utf-8"))
     return data
+
+
+def identity_digest(identity: Mapping[str, Any]) -> str:
+    """The sha256 of an identity in its canonical JSON (sorted keys, no spaces): what the suite runner
+    hashes (evald.pipeline.suites.runner) and what a sidecar's ``identity_sha256`` must equal."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _strict_record(record: Mapping[str, Any]) -> dict:
+    """``record`` with every non-finite float replaced by None, those places listed under ``"nonfinite"``
+    (``"metrics.ppl"``, ``"resps.0.0"``), so the line is strict JSON and says what it lost."""
+    places: list[str] = []
+    out = {key: _finite_or_none(value, str(key), places) for key, value in record.items()}
+    if places:
+        out[NONFINITE] = sorted(places)
+    return out
+
+
+def _finite_or_none(value: Any, place: str, places: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        places.append(place)
+        return None
+    if isinstance(value, Mapping):
+        return {k: _finite_or_none(v, f"{place}.{k}", places) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v, f"{place}.{i}", places) for i, v in enumerate(value)]
+    return value
 
 
 def _atomic(path: Path, payload: bytes) -> None:
@@ -224,6 +265,9 @@ def _open_regular(path: Path, limit: int):
 
 
 def read_sidecar(file: SampleFile) -> Sidecar:
+    """The sidecar of ``file``, validated: its fields' types, its metrics finite numbers (or null where the
+    writer flagged a non-finite one), its step, suite and task those of its name, its identity_sha256 the
+    hash of its identity."""
     path = file.sidecar
     with _open_regular(path, MAX_SIDECAR_BYTES) as handle:
         data = _json_object(str(path), handle.read(MAX_SIDECAR_BYTES + 1), "a sidecar")
@@ -241,7 +285,29 @@ def read_sidecar(file: SampleFile) -> Sidecar:
         raise SampleFileError(f"{path}: 'metrics' must be an object, got {type(metrics).__name__}")
     if cell is not None and not isinstance(cell, str):
         raise SampleFileError(f"{path}: 'cell_identity' must be a string, got {type(cell).__name__}")
+    if len(metrics) > MAX_SIDECAR_METRICS:
+        raise SampleFileError(f"{path}: {len(metrics)} sidecar metrics, more than {MAX_SIDECAR_METRICS}")
+    for name, value in metrics.items():
+        if len(name) > 200:
+            raise SampleFileError(f"{path}: a sidecar metric name longer than 200 characters")
+        if not (_number(value) or value is None):
+            raise SampleFileError(f"{path}: sidecar metric {name!r} must be a finite number (or null where the writer "
+                                  f"flagged a non-finite one), got {json.dumps(value)[:60]}")
+    for field, named in (("step", file.step), ("suite", file.suite), ("task", file.task)):
+        own = data.get(field, _MISSING)
+        if own is _MISSING or type(own) is not type(named) or own != named:
+            stated = "missing" if own is _MISSING else json.dumps(own)[:60]
+            raise SampleFileError(f"{path}: its {field} is {stated}, but its name says {named} (samples/SUITE/TASK/"
+                                  f"step_STEP...): a sidecar copied or renamed from another cell is not this one")
+    recomputed = identity_digest(identity)
+    if recomputed != digest:
+        raise SampleFileError(f"{path}: its identity hashes to {recomputed[:12]}, not the identity_sha256 it states "
+                              f"({digest[:12]}): the identity was edited or damaged after it was written; its "
+                              f"results cannot be compared")
     return Sidecar(identity, digest, metrics, cell)
+
+
+_MISSING = object()
 
 
 def _lines(path: Path) -> Iterator[tuple[str, dict]]:
@@ -269,11 +335,44 @@ def _lines(path: Path) -> Iterator[tuple[str, dict]]:
             yield where, _document(where, line)
 
 
+class _NotStrict(ValueError):
+    """A NaN/Infinity literal: Python's json reads it, JSON has no such value, and evald never writes one."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotStrict(f"{name} is not a JSON value (evald writes a non-finite number as null, named in "
+                     f"{NONFINITE!r})")
+
+
+def nesting_depth(text: str) -> int:
+    """How deeply arrays and objects nest in ``text`` (brackets inside strings do not count), without
+    parsing it: json's decoder recurses once per level, and 100,000 levels exhaust the stack."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    if not brackets:
+        return 0
+    codes = np.frombuffer(brackets.encode("ascii"), dtype=np.uint8)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
 def _json_object(where: str, raw: bytes, what: str) -> dict:
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SampleFileError(f"{where}: not JSON ({exc})") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SampleFileError(f"{where}: not UTF-8 ({exc})") from None
+    openings = text.count("[") + text.count("{")        # the common line has too few to nest deeper: no scan
+    depth = nesting_depth(text) if openings > MAX_DEPTH else 0
+    if depth > MAX_DEPTH:
+        raise SampleFileError(f"{where}: nested more than {MAX_DEPTH} levels deep ({depth}); evald writes at most "
+                              f"a few levels")
+    try:
+        # only the constants get a hook: a parse_int/parse_float hook would leave json's C fast path (5x slower);
+        # numbers are bounded where they are used (_number: finite, integers within 64 bits)
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except _NotStrict as exc:
+        raise SampleFileError(f"{where}: not strict JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise SampleFileError(f"{where}: not JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise SampleFileError(f"{where}: {what} is a JSON object, got {type(data).__name__}")
     return data
@@ -340,7 +439,10 @@ def _once_each(path: Path, doc_ids: np.ndarray) -> None:
 
 
 def _number(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+    """A finite float, or an integer within 64 bits (10**400 is a JSON integer no float holds)."""
+    if type(value) is int:
+        return -MAX_INT <= value <= MAX_INT
+    return type(value) is float and math.isfinite(value)
 
 
 def read_step(run_dir: Path, suite: str, task: str, step: int,

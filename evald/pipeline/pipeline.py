@@ -225,6 +225,8 @@ class Pipeline:
         """Suite ``name`` on step ``row``'s weights (swapped in first unless the network holds them)."""
         import time
 
+        from evald.pipeline.suites.runner import NonFiniteScores
+
         assert self.evaluator is not None and name in self.suites, "ensure_built() first"
         load_s, provenance = 0.0, {}
         try:
@@ -238,7 +240,7 @@ class Pipeline:
             raise
         except CheckpointDeleted as exc:
             return Failed(str(exc), DELETED)
-        except CheckpointError as exc:
+        except (CheckpointError, NonFiniteScores) as exc:   # the weights' fault: evaluating again gives the same
             return Failed(str(exc))
         except Exception as exc:
             log.exception("suite %s on step %d (%s) raised unexpectedly", name, row.step, row.source)

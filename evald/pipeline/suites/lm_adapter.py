@@ -21,6 +21,7 @@ May import: the pipeline's scoring and tokenizer modules.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ class AdapterCounts:
     loglikelihood: int = 0
     rolling_windows: int = 0
     generated: int = 0
+    nonfinite: int = 0          # log-likelihoods that came out NaN or Inf (the runner fails the suite on any)
 
 
 class EvaldLM(TemplateLM):
@@ -65,7 +67,9 @@ class EvaldLM(TemplateLM):
         scores = self.scorer.score([ScoreRequest(list(context), list(continuation))
                                     for _, context, continuation in requests])
         self.counts.loglikelihood += len(requests)
-        return [(s.total, s.is_greedy) for s in scores]
+        totals = [(s.total, s.is_greedy) for s in scores]
+        self.counts.nonfinite += sum(1 for total, _ in totals if not math.isfinite(total))
+        return totals
 
     # -- rolling log-likelihood (bits per byte, perplexity) --------------------------------------
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
@@ -81,6 +85,7 @@ class EvaldLM(TemplateLM):
         for index, score in zip(owner, self.scorer.score(windows)):
             totals[index] += score.total
         self.counts.rolling_windows += len(windows)
+        self.counts.nonfinite += sum(1 for total in totals if not math.isfinite(total))
         return totals
 
     # -- greedy generation -----------------------------------------------------------------------

@@ -15,6 +15,12 @@ ledger keys a suite's cells on ``cell_identity``: the suite identity together wi
 validation's network identity (model factory and kwargs), so another model configuration makes
 new cells too, while two runs' per-sample files stay comparable on the suite identity alone.
 
+Numbers you can trust: a document whose log-likelihood is not finite (weights that give NaN or Inf)
+makes ``run()`` raise NonFiniteScores, naming each task and how many of its documents, so the cell
+fails with that reason; lm-eval would otherwise take the argmax over NaN (choice 0) and report a
+plain accuracy. The per-sample records are checked, and the adapter's own count of non-finite
+scores backs them (a task whose records drop its responses is caught as well).
+
 May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset modules.
 """
 
@@ -23,10 +29,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+import numpy as np
 
 from evald.config.options import SuiteOptions
 from evald.pipeline.suites.scoring import TokenScorer
@@ -35,6 +44,7 @@ from evald.pipeline.suites.tokenizer import Tokenizer, tokenizer_hash
 
 log = logging.getLogger("evald.pipeline.suites.runner")
 
+MAX_NAMED = 8              # tasks named in one NonFiniteScores reason
 SAMPLE_TEXT_LIMIT = 4096   # characters of a target or generated response kept per document
 _SKIPPED_RESULT_KEYS = {"name", "alias", "sample_len", " ", "samples"}
 
@@ -48,6 +58,20 @@ def _plain(value: Any) -> Any:
     if callable(value):
         return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', type(value).__name__)}"
     return str(value)
+
+
+class NonFiniteScores(ValueError):
+    """The weights gave log-likelihoods that are not finite: the suite's cell fails with this reason."""
+
+    def __init__(self, suite: str, documents: Mapping[str, tuple[int, int]], scores: int) -> None:
+        self.suite, self.documents, self.scores = suite, dict(documents), scores
+        named = sorted(documents.items())
+        where = "; ".join(f"{bad} of {total} documents of task {task}" for task, (bad, total) in named[:MAX_NAMED])
+        where += f"; and {len(named) - MAX_NAMED} more task(s)" if len(named) > MAX_NAMED else ""
+        super().__init__(
+            f"suite {suite}: log-likelihoods that are not finite (NaN or Inf) on "
+            f"{where or f'{scores} scored request(s)'}: the weights give non-finite scores, so no accuracy is "
+            f"recorded (lm-eval would pick the first choice of each such document); check the checkpoint's weights")
 
 
 @dataclass(frozen=True)
@@ -123,6 +147,7 @@ class SuiteRunner:
         import lm_eval
 
         started, before = time.time(), self.scorer.stats.real_tokens
+        nonfinite_before = self.lm.counts.nonfinite
         seed = self.options.seed
         out = lm_eval.simple_evaluate(
             model=self.lm, tasks=list(self.options.tasks), num_fewshot=self.options.num_fewshot,
@@ -130,11 +155,18 @@ class SuiteRunner:
             task_manager=self.task_manager, bootstrap_iters=1000, random_seed=seed, numpy_random_seed=seed,
             fewshot_random_seed=seed)
         tasks = {}
+        broken: dict[str, tuple[int, int]] = {}
         for task_name in self.documents:
             metrics = _aggregates(out["results"].get(task_name, {}))
-            samples = [sample_record(s) for s in sorted(out["samples"].get(task_name, []),
-                                                        key=lambda s: int(s["doc_id"]))]
+            raw = sorted(out["samples"].get(task_name, []), key=lambda s: int(s["doc_id"]))
+            bad = sum(1 for s in raw if _not_finite(s.get("resps")) or _not_finite(s.get("filtered_resps")))
+            if bad:
+                broken[task_name] = (bad, len(raw))
+            samples = [sample_record(s) for s in raw]
             tasks[task_name] = TaskResult(task_name, metrics, samples, len(samples))
+        nonfinite = self.lm.counts.nonfinite - nonfinite_before
+        if broken or nonfinite:
+            raise NonFiniteScores(self.name, broken, nonfinite)
         return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
                            self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
 
@@ -177,6 +209,19 @@ def sample_record(sample: Mapping[str, Any]) -> dict:
     resps = _jsonable(sample.get("filtered_resps", sample.get("resps")))
     return {"doc_id": int(sample["doc_id"]), "target": str(sample.get("target"))[:SAMPLE_TEXT_LIMIT], "resps": resps,
             "metrics": {m: _jsonable(sample[m]) for m in sample.get("metrics", []) if m in sample}}
+
+
+def _not_finite(value: Any) -> bool:
+    """Whether a response (a log-likelihood, a (log-likelihood, is_greedy) pair, lists of them) holds a
+    number that is not finite; texts and flags are not numbers."""
+    if isinstance(value, (list, tuple)):
+        return any(_not_finite(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        return False
+    try:
+        return not math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _jsonable(value: Any) -> Any:

@@ -24,7 +24,7 @@ from evald.contracts import layout, wire
 from evald.pipeline.network import EvalResult
 from evald.ledger.ledger import EVALUATED, Ledger
 from evald.daemon.server import Server
-from evald.ledger.samples import read_step
+from evald.ledger.samples import identity_digest, read_step
 from evald.pipeline.pipeline import Evaluated, SuiteEvaluated
 from evald.sinks.tensorboard import EventLog
 from evald.pipeline.subset import SubsetInfo
@@ -61,8 +61,9 @@ class StandInPipeline:
         self.suite_evaluated.append(row.step)
         samples = [{"doc_id": 0, "target": "1", "resps": [[-1.0, False]], "metrics": {"acc": 1.0}}]
         task = SimpleNamespace(metrics={"acc": 1.0, "acc_stderr": 0.0}, samples=samples, documents=1)
-        result = SimpleNamespace(tasks={"t": task}, identity={"suite": name, "lm_eval": "0.4.13"},
-                                 identity_sha256="5" * 64,
+        identity = {"suite": name, "lm_eval": "0.4.13"}
+        result = SimpleNamespace(tasks={"t": task}, identity=identity,
+                                 identity_sha256=identity_digest(identity),   # the reader recomputes it
                                  evaluate_s=0.0, compiled_graphs=2, tokens=10,
                                  scalars=lambda: {f"{name}/t/acc": LOSS[row.step], f"{name}/t/acc_stderr": 0.0})
         return SuiteEvaluated(result, 0.0, {})

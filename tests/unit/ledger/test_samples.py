@@ -59,7 +59,7 @@ def _doc(**fields) -> bytes:
     ([_doc(metrics={})], r"'metrics' must be a non-empty object"),
     ([_doc(metrics={"acc": "1"})], r"metric 'acc' must be a finite number or a \[loglikelihood, weight\] pair"),
     ([_doc(metrics={"acc": True})], r"metric 'acc' must be a finite number"),
-    ([b'{"doc_id": 0, "metrics": {"acc": NaN}}\n'], r"metric 'acc' must be a finite number"),
+    ([b'{"doc_id": 0, "metrics": {"acc": NaN}}\n'], r"line 1: not strict JSON: NaN is not a JSON value"),
     ([_doc(metrics={"bits_per_byte": [1, 2, 3]})], r"metric 'bits_per_byte' must be"),
     ([_doc(), _doc()], r"doc_id 0 appears more than once"),
     ([_doc(), _doc(doc_id=1, metrics={"acc": 1, "acc_norm": 0})], r"metric 'acc_norm' is on 1 of 2 documents"),
@@ -113,7 +113,8 @@ def test_a_malformed_sidecar_is_refused_naming_it(tmp_path, sidecar, message):
 
 def test_a_sidecar_naming_its_hash_identity_hash_is_read_too(tmp_path):
     digest = identity_hash(IDENTITY)
-    found = _write_raw(tmp_path, [_doc()], {"identity": IDENTITY, "identity_hash": digest, "metrics": {"acc": 1.0}})
+    found = _write_raw(tmp_path, [_doc()], {"identity": IDENTITY, "identity_hash": digest, "metrics": {"acc": 1.0},
+                                                  "suite": "fast", "task": "hellaswag", "step": 7})
     sidecar = read_sidecar(found)
     assert sidecar.identity_hash == digest and sidecar.identity == IDENTITY and sidecar.cell_identity is None
     assert read_samples(found).metrics["acc"].tolist() == [1.0]
