@@ -143,9 +143,7 @@ def serve(ckpt, logdir, pipeline) -> None:
 def die(server: Server) -> None:
     """What a SIGKILL leaves: no shutdown; the threads, files and locks go with the process."""
     if server.run is not None:
-        server.run.discovery.stop()
-        server.run.ledger.close()
-        server.run.tensorboard.close()
+        server.run.close()  # what its start had opened: the watcher's thread, the ledger, the event files
     for lock in server.locks:
         lock.release()
 
