@@ -159,6 +159,8 @@ def backfill(argv: Sequence[str]) -> int:
     from evald.daemon.suite_turn import BACKFILL_KEY, backfill_steps
     from evald.ledger.ledger import Ledger
 
+    if any(a == "--fleet-dir" or a.startswith("--fleet-dir=") for a in argv) or os.environ.get("EVALD_FLEET_DIR"):
+        return fleet_backfill(argv)
     p = argparse.ArgumentParser(prog="evald backfill", description=backfill.__doc__ + ". See docs/benchmarks.md.")
     p.add_argument("--suite", required=True, help="the suite's name ([suites.NAME] in evald's configuration)")
     which = p.add_mutually_exclusive_group()
@@ -211,6 +213,44 @@ def backfill(argv: Sequence[str]) -> int:
         extra += ["--ckpt-dir", str(ckpt_dir)]
     print("evaluating them now: evald " + " ".join(extra), flush=True)
     return subprocess.call([sys.executable, "-m", "evald", *extra])
+
+
+def fleet_backfill(argv: Sequence[str]) -> int:
+    """Backfill a suite with a fleet of workers started by Slurm or Kubernetes, sharing only a directory:
+    each worker evaluates its own share of the missing cells and writes each as a file; --merge takes them
+    into the run's ledger, each exactly once"""
+    from evald.cli.fleet import add_arguments, fleet_command
+    from evald.cli.status import gather
+
+    p = argparse.ArgumentParser(prog="evald backfill", description=fleet_backfill.__doc__ + ". See "
+                                "deploy/README.md and docs/benchmarks.md.")
+    p.add_argument("--suite", action="append", help="a suite's name ([suites.NAME] in evald's configuration; "
+                   "repeatable: each checkpoint is loaded once for all of them)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
+    which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
+    _which_run(p)
+    add_arguments(p)
+    args = p.parse_args(list(argv))
+    span = None
+    if args.steps:
+        try:
+            low, high = (int(x) for x in args.steps.split(":"))
+        except ValueError:
+            p.error(f"--steps: expected A:B (two integers), got {args.steps!r}")
+        span = (low, high)
+    if args.every is not None and args.every < 1:
+        p.error("--every must be >= 1")
+    if not args.fleet_dir:
+        p.error("--fleet-dir is required")
+    path = _run_path(args, "evald backfill")
+    if path is None:
+        return 2
+    ckpt_dir = gather(path)["ckpt_dir"] or args.ckpt_dir
+    if not ckpt_dir:
+        print("evald backfill: cannot tell the run's checkpoint directory: give --ckpt-dir", file=sys.stderr)
+        return 2
+    return fleet_command(args, path, Path(ckpt_dir), span)
 
 
 def keys(argv: Sequence[str]) -> int:
