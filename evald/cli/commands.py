@@ -17,7 +17,7 @@ from evald.daemon.run_dir import LEDGER_FILE, RunDirError, default_logdir, find_
 
 def run(name: str, argv: Sequence[str]) -> int:
     return {"status": status, "retry": retry, "compare": compare, "subset": subset, "keys": keys,
-            "backfill": backfill}[name](argv)
+            "backfill": backfill, "export": export}[name](argv)
 
 
 def _which_run(p: argparse.ArgumentParser) -> None:
@@ -251,6 +251,21 @@ def fleet_backfill(argv: Sequence[str]) -> int:
         print("evald backfill: cannot tell the run's checkpoint directory: give --ckpt-dir", file=sys.stderr)
         return 2
     return fleet_command(args, path, Path(ckpt_dir), span)
+
+
+def export(argv: Sequence[str]) -> int:
+    """Write a run's current suite cells as lm-eval's output files, Every Eval Ever records and Hugging Face
+    .eval_results YAML, each naming the checkpoint's step and snapshot digest. Read-only, safe while evald runs"""
+    from evald.cli.export import add_arguments, export_run
+
+    p = argparse.ArgumentParser(prog="evald export", description=export.__doc__ + ". See docs/benchmarks.md.")
+    _which_run(p)
+    add_arguments(p)
+    args = p.parse_args(list(argv))
+    path = _run_path(args, "evald export")
+    if path is None:
+        return 2
+    return export_run(args, path)
 
 
 def keys(argv: Sequence[str]) -> int:

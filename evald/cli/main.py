@@ -30,7 +30,7 @@ from evald.config.schema import parse_cpus
 from evald.daemon import logs
 from evald.decisions.monitor_targets import MonitorError, check_suite_monitor, parse_suite_monitor
 
-SUBCOMMANDS = ("status", "retry", "compare", "subset", "keys", "backfill")
+SUBCOMMANDS = ("status", "retry", "compare", "subset", "keys", "backfill", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

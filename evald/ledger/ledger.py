@@ -448,6 +448,14 @@ class Ledger:
         return [cell_from_row(r) for r in rows]
 
     @durable
+    def cell_details(self, step: int, suite: str) -> tuple[dict[str, Any] | None, float | None]:
+        """The suite's current cell of ``step``: its provenance (identities, the snapshot digest) and when
+        it finished (evald export)."""
+        row = self._db.execute("SELECT provenance, finished_at FROM cells WHERE step=? AND evaluation=? AND "
+                               "superseded_by IS NULL", (step, SUITE_PREFIX + suite)).fetchone()
+        return (json.loads(row[0]) if row and row[0] else None), (row[1] if row else None)
+
+    @durable
     def superseded(self, step: int) -> list[Cell]:
         """Results of ``step`` that were superseded (validation and suites), oldest first."""
         rows = self._db.execute(f"SELECT {CELL_COLUMNS} FROM cells WHERE step=? AND superseded_by IS NOT NULL "
