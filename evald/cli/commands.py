@@ -159,18 +159,24 @@ def backfill(argv: Sequence[str]) -> int:
     from evald.daemon.suite_turn import BACKFILL_KEY, backfill_steps
     from evald.ledger.ledger import Ledger
 
-    if any(a == "--fleet-dir" or a.startswith("--fleet-dir=") for a in argv) or os.environ.get("EVALD_FLEET_DIR"):
-        return fleet_backfill(argv)
+    from evald.cli.fleet import add_arguments as fleet_arguments, fleet_command
+
     p = argparse.ArgumentParser(prog="evald backfill", description=backfill.__doc__ + ". See docs/benchmarks.md.")
-    p.add_argument("--suite", required=True, help="the suite's name ([suites.NAME] in evald's configuration)")
+    p.add_argument("--suite", action="append", help="the suite's name ([suites.NAME] in evald's configuration; "
+                   "repeatable with --fleet-dir: each checkpoint is then loaded once for all of them)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
     which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
     _which_run(p)
+    fleet_arguments(p)
     p.add_argument("evald_args", nargs=argparse.REMAINDER, metavar="-- EVALD_OPTIONS",
                    help="standalone: evald's own options (e.g. --config evald.toml); evald then runs until the "
                         "cells are done (--idle-exit-s 5 unless given)")
     args = p.parse_args(list(argv))
+    if not args.fleet_dir and (args.worker_index is not None or args.plan or args.merge):
+        p.error("--worker-index, --plan and --merge belong to a fleet: give --fleet-dir")
+    if not args.fleet_dir and (not args.suite or len(args.suite) > 1):
+        p.error("give one --suite (several only with --fleet-dir)")
     span = None
     if args.steps:
         try:
@@ -187,6 +193,9 @@ def backfill(argv: Sequence[str]) -> int:
     if not ckpt_dir:
         print("evald backfill: cannot tell the run's checkpoint directory: give --ckpt-dir", file=sys.stderr)
         return 2
+    if args.fleet_dir:   # workers on Slurm or Kubernetes, or their merge (evald.cli.fleet)
+        return fleet_command(args, path, Path(ckpt_dir), span)
+    args.suite = args.suite[0]
     ledger = Ledger(path / LEDGER_FILE)
     try:
         steps = backfill_steps(ledger, Path(ckpt_dir), span, args.every)
@@ -213,44 +222,6 @@ def backfill(argv: Sequence[str]) -> int:
         extra += ["--ckpt-dir", str(ckpt_dir)]
     print("evaluating them now: evald " + " ".join(extra), flush=True)
     return subprocess.call([sys.executable, "-m", "evald", *extra])
-
-
-def fleet_backfill(argv: Sequence[str]) -> int:
-    """Backfill a suite with a fleet of workers started by Slurm or Kubernetes, sharing only a directory:
-    each worker evaluates its own share of the missing cells and writes each as a file; --merge takes them
-    into the run's ledger, each exactly once"""
-    from evald.cli.fleet import add_arguments, fleet_command
-    from evald.cli.status import gather
-
-    p = argparse.ArgumentParser(prog="evald backfill", description=fleet_backfill.__doc__ + ". See "
-                                "deploy/README.md and docs/benchmarks.md.")
-    p.add_argument("--suite", action="append", help="a suite's name ([suites.NAME] in evald's configuration; "
-                   "repeatable: each checkpoint is loaded once for all of them)")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
-    which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
-    _which_run(p)
-    add_arguments(p)
-    args = p.parse_args(list(argv))
-    span = None
-    if args.steps:
-        try:
-            low, high = (int(x) for x in args.steps.split(":"))
-        except ValueError:
-            p.error(f"--steps: expected A:B (two integers), got {args.steps!r}")
-        span = (low, high)
-    if args.every is not None and args.every < 1:
-        p.error("--every must be >= 1")
-    if not args.fleet_dir:
-        p.error("--fleet-dir is required")
-    path = _run_path(args, "evald backfill")
-    if path is None:
-        return 2
-    ckpt_dir = gather(path)["ckpt_dir"] or args.ckpt_dir
-    if not ckpt_dir:
-        print("evald backfill: cannot tell the run's checkpoint directory: give --ckpt-dir", file=sys.stderr)
-        return 2
-    return fleet_command(args, path, Path(ckpt_dir), span)
 
 
 def export(argv: Sequence[str]) -> int:

@@ -77,7 +77,7 @@ def results(cell: ExportCell) -> dict:
         "model_name": cell.model_id,
         "model_name_sanitized": sanitized(cell.model_id),
         "date": cell.evaluated_at,
-        "evald": {"step": cell.step, "weights_sha256": cell.weights_sha256, **names},
+        "evald": {**names, "step": cell.step, "weights_sha256": cell.weights_sha256},
     }
 
 
