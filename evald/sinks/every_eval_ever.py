@@ -10,7 +10,8 @@ The checkpoint is the model: ``model_info.id`` is ``MODEL@step-STEP`` and its ``
 name the step and the snapshot digest (``weights_sha256``). One ``evaluation_results`` entry per task
 and metric (its standard error as the uncertainty); one instance per document and 0/1 metric (the
 schema's instance has a required ``is_correct``: a continuous per-document value such as a
-log-likelihood is no correct/incorrect answer, so those metrics have aggregates only). The UUID is
+log-likelihood is no correct/incorrect answer, so those metrics have aggregates only; so have a metric's
+other filters, whose per-document values evald does not keep). The UUID is
 derived from the cell, so exporting again rewrites the same files.
 
 May import: the sinks' export_cells.
@@ -107,9 +108,8 @@ def _binary(values: list) -> bool:
 def _instances(cell: ExportCell, evaluation_id: str, name: str, task: ExportTask) -> list[dict]:
     samples = sorted(task.samples, key=lambda s: s["doc_id"])
     rows = []
-    for metric in sorted(scored_metrics(task)):
-        base = metric.split("@")[0]
-        values = [s.get("metrics", {}).get(base) for s in samples]
+    for metric in sorted(m for m in scored_metrics(task) if "@" not in m):   # the per-sample values are the
+        values = [s.get("metrics", {}).get(metric) for s in samples]         # unfiltered ("none") ones
         if not _binary(values):
             continue
         for sample, value in zip(samples, values):
