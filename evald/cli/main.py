@@ -6,6 +6,8 @@
     evald compare STEP_A STEP_B  two steps' suite results, paired by document (docs/benchmarks.md)
     evald subset [...]           print the indices of the fixed validation subset
     evald keys DIR               create CURVE keys for evald and the trainer (docs/authentication.md)
+    evald backfill --suite S     a suite on retained checkpoints; --fleet-dir: a fleet of workers (docs/benchmarks.md)
+    evald export --out DIR       a run's suite cells as lm-eval, Every Eval Ever and Hugging Face files
     evald --version
 
 Every run option is generated from evald/config/options.py; values are collected as
