@@ -74,7 +74,8 @@ def worker_index(index: int | None, count: int | None, environ: Mapping[str, str
 def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet = p.add_argument_group("a fleet of workers (docs/benchmarks.md, deploy/README.md)")
     fleet.add_argument("--fleet-dir", default=os.environ.get("EVALD_FLEET_DIR") or None,
-                       help="the directory the workers and the merge share (one per backfill; env EVALD_FLEET_DIR)")
+                       help="the directory the workers and the merge share (one per backfill; env EVALD_FLEET_DIR); a worker "
+                            "builds its network and suites from --config, the TOML evald runs with")
     fleet.add_argument("--worker-index", type=int, default=None, metavar="I",
                        help="this worker's index (default: from SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)")
     fleet.add_argument("--worker-count", type=int, default=None, metavar="N",
