@@ -7,7 +7,8 @@ evald without the suite; then, for each worker count, a fresh fleet directory an
 ``evald backfill --fleet-dir`` worker processes started at once (real processes, not pinned: the
 engine would give each its own device), the wall time from their start to the last one's exit
 (start-up, network and suite build, every cell), the cells they wrote, and the snapshot loads their
-journals count. The machine's load average is printed with each arm: on a shared 2-core machine,
+journals count; from the journals, each worker's build time (start to its first snapshot load: the
+network and the suite compiled) and each cell's time (load and score). The machine's load average is printed with each arm: on a shared 2-core machine,
 more workers than free cores cannot go faster.
 """
 
@@ -82,9 +83,19 @@ def run_fleet(root: Path, ckpt: Path, config: Path, workers: int) -> dict:
     if any(codes):
         raise SystemExit(f"a worker failed (exit codes {codes}); see {root}/fleet-{workers}-worker-*.log")
     cells = len(cell_files(fleet))
-    loads = sum(1 for e in journal_events(fleet) if e["event"] == "load")
+    events = journal_events(fleet)
+    loads = sum(1 for e in events if e["event"] == "load")
+    starts = {e["pid"]: e["time"] for e in events if e["event"] == "start"}
+    first_load = {}
+    for e in events:
+        if e["event"] == "load":
+            first_load.setdefault(e["pid"], e["time"])
+    build = sorted(first_load[pid] - starts[pid] for pid in first_load if pid in starts)
+    per_cell = sorted(e["seconds"] for e in events if e["event"] == "cell" and "seconds" in e)
     return {"workers": workers, "cells": cells, "wall_s": round(wall, 1),
             "cells_per_min": round(cells / (wall / 60), 2), "loads": loads, "loads_per_cell": round(loads / cells, 3),
+            "build_s_median": round(build[len(build) // 2], 1) if build else None,   # network + suite, per worker
+            "cell_s_median": round(per_cell[len(per_cell) // 2], 2) if per_cell else None,
             "load_average_before": round(load_before, 1), "load_average_after": round(os.getloadavg()[0], 1)}
 
 
