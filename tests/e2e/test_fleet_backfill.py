@@ -130,7 +130,7 @@ def test_three_workers_a_sigkill_and_a_rerun_give_every_cell_once(fleet_run):
     assert all(e["step"] in share[e["worker"]] for e in loads)
     evaluated_by = {(e["worker"], e["pid"]): {x["step"] for x in _journal(fleet) if x["event"] == "cell"
                                               and x["pid"] == e["pid"]} for e in loads}
-    for (worker, pid), steps in evaluated_by.items():
+    for (_worker, pid), steps in evaluated_by.items():
         loaded = {e["step"] for e in loads if e["pid"] == pid}
         assert steps <= loaded and (loaded - steps) <= {fleet_run["killed_at"]}   # the killed one's last load
     assert len(loads) == 8 + 1            # every snapshot once, and the killed cell's snapshot once more on rerun
