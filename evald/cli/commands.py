@@ -17,7 +17,7 @@ from evald.daemon.run_dir import LEDGER_FILE, RunDirError, default_logdir, find_
 
 def run(name: str, argv: Sequence[str]) -> int:
     return {"status": status, "retry": retry, "compare": compare, "subset": subset, "keys": keys,
-            "backfill": backfill}[name](argv)
+            "backfill": backfill, "export": export}[name](argv)
 
 
 def _which_run(p: argparse.ArgumentParser) -> None:
@@ -159,16 +159,24 @@ def backfill(argv: Sequence[str]) -> int:
     from evald.daemon.suite_turn import BACKFILL_KEY, backfill_steps
     from evald.ledger.ledger import Ledger
 
+    from evald.cli.fleet import add_arguments as fleet_arguments, fleet_command
+
     p = argparse.ArgumentParser(prog="evald backfill", description=backfill.__doc__ + ". See docs/benchmarks.md.")
-    p.add_argument("--suite", required=True, help="the suite's name ([suites.NAME] in evald's configuration)")
+    p.add_argument("--suite", action="append", help="the suite's name ([suites.NAME] in evald's configuration; "
+                   "repeatable with --fleet-dir: each checkpoint is then loaded once for all of them)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
     which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
     _which_run(p)
+    fleet_arguments(p)
     p.add_argument("evald_args", nargs=argparse.REMAINDER, metavar="-- EVALD_OPTIONS",
                    help="standalone: evald's own options (e.g. --config evald.toml); evald then runs until the "
                         "cells are done (--idle-exit-s 5 unless given)")
     args = p.parse_args(list(argv))
+    if not args.fleet_dir and (args.worker_index is not None or args.plan or args.merge):
+        p.error("--worker-index, --plan and --merge belong to a fleet: give --fleet-dir")
+    if not args.fleet_dir and (not args.suite or len(args.suite) > 1):
+        p.error("give one --suite (several only with --fleet-dir)")
     span = None
     if args.steps:
         try:
@@ -185,6 +193,9 @@ def backfill(argv: Sequence[str]) -> int:
     if not ckpt_dir:
         print("evald backfill: cannot tell the run's checkpoint directory: give --ckpt-dir", file=sys.stderr)
         return 2
+    if args.fleet_dir:   # workers on Slurm or Kubernetes, or their merge (evald.cli.fleet)
+        return fleet_command(args, path, Path(ckpt_dir), span)
+    args.suite = args.suite[0]
     ledger = Ledger(path / LEDGER_FILE)
     try:
         steps = backfill_steps(ledger, Path(ckpt_dir), span, args.every)
@@ -211,6 +222,21 @@ def backfill(argv: Sequence[str]) -> int:
         extra += ["--ckpt-dir", str(ckpt_dir)]
     print("evaluating them now: evald " + " ".join(extra), flush=True)
     return subprocess.call([sys.executable, "-m", "evald", *extra])
+
+
+def export(argv: Sequence[str]) -> int:
+    """Write a run's current suite cells as lm-eval's output files, Every Eval Ever records and Hugging Face
+    .eval_results YAML, each naming the checkpoint's step and snapshot digest. Read-only, safe while evald runs"""
+    from evald.cli.export import add_arguments, export_run
+
+    p = argparse.ArgumentParser(prog="evald export", description=export.__doc__ + ". See docs/benchmarks.md.")
+    _which_run(p)
+    add_arguments(p)
+    args = p.parse_args(list(argv))
+    path = _run_path(args, "evald export")
+    if path is None:
+        return 2
+    return export_run(args, path)
 
 
 def keys(argv: Sequence[str]) -> int:

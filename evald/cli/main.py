@@ -6,6 +6,8 @@
     evald compare STEP_A STEP_B  two steps' suite results, paired by document (docs/benchmarks.md)
     evald subset [...]           print the indices of the fixed validation subset
     evald keys DIR               create CURVE keys for evald and the trainer (docs/authentication.md)
+    evald backfill --suite S     a suite on retained checkpoints; --fleet-dir: a fleet of workers (docs/benchmarks.md)
+    evald export --out DIR       a run's suite cells as lm-eval, Every Eval Ever and Hugging Face files
     evald --version
 
 Every run option is generated from evald/config/options.py; values are collected as
@@ -30,7 +32,7 @@ from evald.config.schema import parse_cpus
 from evald.daemon import logs
 from evald.decisions.monitor_targets import MonitorError, check_suite_monitor, parse_suite_monitor
 
-SUBCOMMANDS = ("status", "retry", "compare", "subset", "keys", "backfill")
+SUBCOMMANDS = ("status", "retry", "compare", "subset", "keys", "backfill", "export")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,9 @@
 - ``run_dir.py``, ``private_files.py``: where a run's state lives, and that it stays private
 - ``eval_group.py``: several devices: evald started under msrun, one process per device
 - ``logs.py``: log lines for people or for log shippers
+- ``fleet.py``, ``fleet_cells.py``, ``fleet_merge.py``: a backfill fleet's worker (its share of the plan,
+  each snapshot loaded once), the hand-over files it writes (sealed, atomic), and their merge into the
+  ledger, each cell exactly once
 - ``serving.py``: ``--serve``: the HTTP endpoint (evald.serve) started, fed the network, its jobs run
   between evaluation batches and between evaluations
 

@@ -329,6 +329,36 @@ class Ledger:
             _put(db, kv)
 
     @durable
+    def take_cell(self, step: int, suite: str, identity: str, state: str, *, reason: str | None = None,
+                  metrics: Mapping[str, float] | None = None, record: Record | None = None,
+                  provenance: Mapping[str, Any] | None = None) -> str:
+        """A cell finished elsewhere (a backfill fleet's file, evald.daemon.fleet_merge), taken in with its
+        TensorBoard record, at once and at most once: ``taken``; ``already`` when the suite's current cell of
+        ``step`` is evaluated under ``identity`` (or a failure meets any finished cell); ``conflict`` when
+        the current cell has another identity (the suite changed since the fleet ran): nothing is written."""
+        assert state in (EVALUATED, FAILED, DELETED), state
+        evaluation, now = SUITE_PREFIX + suite, time.time()
+        with self._transaction() as db:
+            row = db.execute("SELECT identity, state FROM cells WHERE step=? AND evaluation=? AND superseded_by IS "
+                             "NULL", (step, evaluation)).fetchone()
+            if row is not None and row[0] != identity:
+                return "conflict"
+            if row is not None and (row[1] == EVALUATED or (state != EVALUATED and row[1] in (FAILED, DELETED))):
+                return "already"
+            values = (state, reason, json.dumps(dict(metrics)) if metrics else None,
+                      json.dumps(provenance) if provenance else None, now)
+            if row is None:
+                db.execute("INSERT INTO cells(state, reason, metrics, provenance, finished_at, step, evaluation, "
+                           "identity, attempts, created_at) VALUES (?,?,?,?,?,?,?,?,1,?)",
+                           (*values, step, evaluation, identity, now))
+            else:
+                db.execute("UPDATE cells SET state=?, reason=?, metrics=?, provenance=?, finished_at=? WHERE step=? "
+                           "AND evaluation=? AND superseded_by IS NULL", (*values, step, evaluation))
+            if record is not None:
+                self._outbox(db, record)
+        return "taken"
+
+    @durable
     def add_records(self, records: Sequence[Record], kv: Mapping[str, Any] | None = None) -> None:
         with self._transaction() as db:
             for record in records:
@@ -418,6 +448,14 @@ class Ledger:
         rows = self._db.execute(f"SELECT {CELL_COLUMNS} FROM cells WHERE {' AND '.join(where)} ORDER BY step, "
                                 "evaluation", args).fetchall()
         return [cell_from_row(r) for r in rows]
+
+    @durable
+    def cell_details(self, step: int, suite: str) -> tuple[dict[str, Any] | None, float | None]:
+        """The suite's current cell of ``step``: its provenance (identities, the snapshot digest) and when
+        it finished (evald export)."""
+        row = self._db.execute("SELECT provenance, finished_at FROM cells WHERE step=? AND evaluation=? AND "
+                               "superseded_by IS NULL", (step, SUITE_PREFIX + suite)).fetchone()
+        return (json.loads(row[0]) if row and row[0] else None), (row[1] if row else None)
 
     @durable
     def superseded(self, step: int) -> list[Cell]:

@@ -8,6 +8,9 @@ pointer, and the run summary.
 - ``counters.py`` (counters.json): what the loop did with the messages it got
 - ``sample_files.py``: the paired SE of a suite monitor, from the per-sample outputs (read with
   ``ledger/samples.py``)
+- ``export_cells.py``, ``lm_eval_files.py``, ``every_eval_ever.py``, ``hf_eval_results.py``: ``evald
+  export``'s cells, and each format it writes (lm-eval's own files, Every Eval Ever, Hugging Face
+  ``.eval_results``)
 
 May import: config, contracts, ledger, decisions.
 """

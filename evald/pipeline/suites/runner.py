@@ -46,11 +46,17 @@ log = logging.getLogger("evald.pipeline.suites.runner")
 
 MAX_NAMED = 8              # tasks named in one NonFiniteScores reason
 SAMPLE_TEXT_LIMIT = 4096   # characters of a target or generated response kept per document
+HASH_KEYS = ("doc_hash", "prompt_hash", "target_hash")
 _SKIPPED_RESULT_KEYS = {"name", "alias", "sample_len", " ", "samples"}
 
 
 def _sha256(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=_plain).encode()).hexdigest()
+
+
+def config_sha256(task: Any) -> str:
+    """The sha256 of an lm-eval task's resolved config, as a suite's identity records it."""
+    return _sha256(task.dump_config())
 
 
 def _plain(value: Any) -> Any:
@@ -127,7 +133,7 @@ class SuiteRunner:
             chosen = ([int(i) for i in select_subset(count, options.limit, options.seed)]
                       if options.limit and options.limit < count else list(range(count)))
             self.documents[task_name] = chosen
-            tasks[task_name] = {"config_sha256": _sha256(task.dump_config()),
+            tasks[task_name] = {"config_sha256": config_sha256(task),
                                 "docs_sha256": _sha256([docs[i] for i in chosen]), "documents": count,
                                 "output_type": task.get_config("output_type")}
         self.identity = {
@@ -207,8 +213,12 @@ def _aggregates(result: Mapping[str, Any]) -> dict[str, float]:
 def sample_record(sample: Mapping[str, Any]) -> dict:
     """One document's lm-eval sample as evald keeps it: doc_id, target, resps, metrics."""
     resps = _jsonable(sample.get("filtered_resps", sample.get("resps")))
-    return {"doc_id": int(sample["doc_id"]), "target": str(sample.get("target"))[:SAMPLE_TEXT_LIMIT], "resps": resps,
-            "metrics": {m: _jsonable(sample[m]) for m in sample.get("metrics", []) if m in sample}}
+    record = {"doc_id": int(sample["doc_id"]), "target": str(sample.get("target"))[:SAMPLE_TEXT_LIMIT], "resps": resps,
+              "metrics": {m: _jsonable(sample[m]) for m in sample.get("metrics", []) if m in sample}}
+    for key in HASH_KEYS:   # lm-eval's own hashes of the document, prompt and target: its task_hashes (evald export)
+        if isinstance(sample.get(key), str):
+            record[key] = sample[key]
+    return record
 
 
 def _not_finite(value: Any) -> bool:
