@@ -19,7 +19,8 @@ from evald.files.confine import confined
 from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointUnreadable
 from evald.files.foreign import load_foreign
 from evald.files.parts import fit_problem
-from evald.files.recognise import FOREIGN_KINDS, FOREIGN_WEIGHTS, PARTS
+from evald.files import checkpoint2
+from evald.files.recognise import CHECKPOINT2, FOREIGN_KINDS, FOREIGN_WEIGHTS, PARTS
 from evald.pipeline.swap import name_fit
 from evald.pipeline.swap import training_state
 from evald.pipeline.swap.hot_swap import NetworkMismatch, NetworkWeights
@@ -35,6 +36,7 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
     read once, verified as it is read, straight into the parameters' memory where it can be.
     Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
     Parts of a partitioned snapshot (``path`` names them all): ``load_parts``.
+    A MindFormers Checkpoint 2.0 iteration: ``load_checkpoint2`` (its model files only).
     Returns what the swap can be checked against (evald.pipeline.swap.swap_check): the manifest, the parts,
     or the foreign file's weights as MindSpore loaded them.
     """
@@ -42,6 +44,8 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
         return load_parts(weights, path.parent, path.name)
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
+    if kind == CHECKPOINT2:
+        return load_checkpoint2(weights, path)
     if kind in FOREIGN_KINDS:
         try:
             arrays = load_foreign(path, network_bytes=network_bytes(weights.specs))
@@ -112,6 +116,32 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
 def _few(items: list[str], limit: int = 8) -> str:
     shown = ", ".join(items[:limit])
     return f"[{shown}{', …' if len(items) > limit else ''}] ({len(items)})"
+
+
+def load_checkpoint2(weights: NetworkWeights, iter_dir: Path) -> dict[str, np.ndarray]:
+    """Swap in a Checkpoint 2.0 iteration: every model parameter assembled from the byte ranges of its
+    shards through ``metadata.json`` (evald.files.checkpoint2), never an optimizer file. Every parameter
+    of the network must be there and every model parameter must fit it (strict, like a weights-only
+    file). Returns the arrays read, for the swap check."""
+    try:
+        params = checkpoint2.plan(iter_dir)
+        specs = {name: (p.shape, None) for name, p in params.items()}
+        match_names({n: _Shape(s) for n, (s, _) in specs.items()}, weights.specs, strict=True)  # before a byte
+        arrays = checkpoint2.read_whole(iter_dir, params)
+    except FileNotFoundError as exc:
+        raise CheckpointDeleted(f"{iter_dir.name}: deleted before it could be evaluated") from exc
+    loaded = match_names(arrays, weights.specs, strict=True)
+    weights.valid = False
+    weights.assign(loaded)
+    weights.valid = True
+    return loaded
+
+
+class _Shape:
+    """Stands for an array in a fit check made before any byte is read: a shape, no data."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = tuple(shape)
 
 
 def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead:
