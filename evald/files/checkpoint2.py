@@ -31,8 +31,9 @@ Without ``metadata.json`` (a single-card save; MindFormers' loader does the same
 The step is the iteration number (MindFormers names the directory after ``step_num``). MindFormers
 writes no digest: each shard's bytes are checked against its file's header (dtype, shape, offsets
 inside the file, the data exactly filling it) and the metadata (dtype, local shape), and the chunks
-of every parameter must tile its global shape, no gap, no overlap. Only the byte range of each
-chunk that is read is touched (``os.pread``). Imports only evald.files and numpy.
+of every parameter must tile its global shape, no gap, no overlap. Only the byte ranges a reader
+needs are touched (``os.pread``, evald.files.slices): whole tensors for one device, or a
+tensor-parallel rank's slices (``read_slices``). Imports only evald.files and numpy.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evald.files import slices
 from evald.files.access import Unreadable, check_readable
 from evald.files.errors import CheckpointError, CheckpointUnreadable
 
@@ -201,43 +203,59 @@ def model_bytes(params: dict[str, Param]) -> int:
 
 def read_whole(iter_dir: Path, params: dict[str, Param]) -> dict[str, np.ndarray]:
     """Every parameter as one whole array, from the byte ranges of its chunks (CheckpointError if bad)."""
+    return read_slices(iter_dir, params, {}, 1, 0)[0]
+
+
+def read_slices(iter_dir: Path, params: dict[str, Param], cuts: dict[str, int | None], degree: int, rank: int
+                ) -> tuple[dict[str, np.ndarray], int]:
+    """Rank ``rank`` of a tensor-parallel group of ``degree``: each parameter's slice (1/degree along
+    ``cuts[name]``; whole when the name is not in ``cuts`` or its cut is None), reading only the byte
+    ranges of the chunks it needs (evald.files.slices). Returns the arrays and the bytes read.
+
+    Every model file a read touches has its header checked first (dtype, shapes, offsets, size), and
+    each chunk against ``metadata.json`` (dtype, local shape). CheckpointError if anything is off."""
     iter_dir = Path(iter_dir)
-    out = {name: np.empty(p.shape, _np_dtype(p.dtype)) for name, p in params.items()}
-    by_file: dict[str, list[tuple[str, Chunk]]] = {}
-    for name, p in params.items():
-        for chunk in p.chunks:
-            by_file.setdefault(chunk.file, []).append((name, chunk))
-    for file, wanted in sorted(by_file.items()):
-        path = iter_dir / file
+    headers: dict[str, tuple[dict, int]] = {}
+    out: dict[str, np.ndarray] = {}
+    total = 0
+    for name, param in params.items():
+        pieces = []
+        for chunk in param.chunks:
+            if chunk.file not in headers:
+                headers[chunk.file] = _header(iter_dir / chunk.file)
+            header, data_start = headers[chunk.file]
+            entry = header.get(name)
+            if entry is None:
+                raise CheckpointError(f"{iter_dir.name}/{chunk.file}: holds no tensor {name!r}, which "
+                                      f"{METADATA} says it stores")
+            dtype, shape, begin, _ = entry
+            if dtype != param.dtype or shape != chunk.shape:
+                raise CheckpointError(f"{iter_dir.name}/{chunk.file}: {name!r} is {dtype}{list(shape)} there, "
+                                      f"{param.dtype}{list(chunk.shape)} in {METADATA}")
+            region = tuple((o, o + s) for o, s in zip(chunk.offset, chunk.shape))
+            pieces.append(slices.Piece(iter_dir / chunk.file, data_start + begin, region))
+        want = slices.tp_region(param.shape, cuts.get(name), degree, rank)
+        dtype = _np_dtype(param.dtype)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            out[name], nbytes = slices.read_region(slices.plan_reads(pieces, want, dtype.itemsize), want, dtype)
         except FileNotFoundError as exc:
-            raise CheckpointError(f"{iter_dir.name}/{file}: deleted before it could be read") from exc
+            raise CheckpointError(f"{iter_dir.name}: {Path(exc.filename or '').name} deleted before it could be "
+                                  f"read") from exc
         except PermissionError as exc:
-            raise CheckpointUnreadable(f"{iter_dir.name}/{file}: permission denied") from exc
-        try:
-            header, data_start = _header_fd(fd, path)
-            for name, chunk in wanted:
-                entry = header.get(name)
-                if entry is None:
-                    raise CheckpointError(f"{iter_dir.name}/{file}: holds no tensor {name!r}, which "
-                                          f"{METADATA} says it stores")
-                dtype, shape, begin, end = entry
-                if dtype != params[name].dtype or shape != chunk.shape:
-                    raise CheckpointError(f"{iter_dir.name}/{file}: {name!r} is {dtype}{list(shape)} there, "
-                                          f"{params[name].dtype}{list(chunk.shape)} in {METADATA}")
-                region = tuple(slice(o, o + s) for o, s in zip(chunk.offset, chunk.shape))
-                piece = _pread_exact(fd, end - begin, data_start + begin, path)
-                out[name][region] = np.frombuffer(piece, _np_dtype(dtype)).reshape(shape)
-        finally:
-            os.close(fd)
-    return out
+            raise CheckpointUnreadable(f"{iter_dir.name}/{Path(exc.filename or '').name}: permission denied") from exc
+        total += nbytes
+    return out, total
 
 
 # ---------------------------------------------------------------- safetensors headers
 
 def _header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...], int, int]], int]:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path.parent.name}/{path.name}: deleted before it could be read") from exc
+    except PermissionError as exc:
+        raise CheckpointUnreadable(f"{path.parent.name}/{path.name}: permission denied") from exc
     try:
         return _header_fd(fd, path)
     finally:

@@ -21,6 +21,7 @@ from evald.files import checkpoint2 as c2
 from evald.files import mindformers as mf
 from evald.files.errors import CheckpointError
 from evald.files.recognise import CHECKPOINT2, Found, Rejected, recognise
+from evald.files.slices import tp_region
 
 WEIGHTS = {"emb.weight": np.arange(8 * 6, dtype=np.float32).reshape(8, 6),
            "proj.weight": np.arange(6 * 4, dtype=np.float32).reshape(6, 4) / 10,
@@ -212,3 +213,16 @@ def test_the_swap_puts_the_assembled_weights_into_the_network_and_checks_the_fit
     (iter_dir / "llama-model-0000000-0000002.safetensors").write_bytes(b"")  # would fail if it were read
     with pytest.raises(CheckpointError, match=r"missing parameters \[extra.weight\]"):
         load_checkpoint2(weights, iter_dir)
+
+
+@pytest.mark.parametrize("world,degree", [(2, 1), (2, 2), (2, 4), (1, 2)])
+def test_a_tensor_parallel_rank_reads_only_its_slice_of_a_checkpoint2_iteration(tmp_path, world, degree):
+    iter_dir = _save(tmp_path / "checkpoint", 10, world)
+    params = c2.plan(iter_dir)
+    cuts = {"emb.weight": 0, "proj.weight": 1, "norm.gamma": None}
+    for rank in range(degree):
+        arrays, nbytes = c2.read_slices(iter_dir, params, cuts, degree, rank)
+        for name, array in WEIGHTS.items():
+            want = tp_region(array.shape, cuts[name], degree, rank)
+            assert np.array_equal(arrays[name], array[tuple(slice(a, b) for a, b in want)])
+        assert nbytes == sum(a.nbytes for a in arrays.values())    # its share only; no optimizer byte
