@@ -189,7 +189,7 @@ def _plan_from_files(iter_dir: Path) -> dict[str, Param]:
                               f"(<prefix>-model-0000000-0000001.safetensors); not evaluated")
     params: dict[str, Param] = {}
     for file in files:
-        for name, (dtype, shape, _, _) in _header(iter_dir / file)[0].items():
+        for name, (dtype, shape, _, _) in header(iter_dir / file)[0].items():
             if name in params:
                 raise CheckpointError(f"{iter_dir.name}: {name!r} is in {params[name].chunks[0].file} and {file}, "
                                       f"and there is no {METADATA} to say how they fit together; not evaluated")
@@ -206,25 +206,19 @@ def read_whole(iter_dir: Path, params: dict[str, Param]) -> dict[str, np.ndarray
     return read_slices(iter_dir, params, {}, 1, 0)[0]
 
 
-def read_slices(iter_dir: Path, params: dict[str, Param], cuts: dict[str, int | None], degree: int, rank: int
-                ) -> tuple[dict[str, np.ndarray], int]:
-    """Rank ``rank`` of a tensor-parallel group of ``degree``: each parameter's slice (1/degree along
-    ``cuts[name]``; whole when the name is not in ``cuts`` or its cut is None), reading only the byte
-    ranges of the chunks it needs (evald.files.slices). Returns the arrays and the bytes read.
-
-    Every model file a read touches has its header checked first (dtype, shapes, offsets, size), and
-    each chunk against ``metadata.json`` (dtype, local shape). CheckpointError if anything is off."""
+def stored_pieces(iter_dir: Path, params: dict[str, Param]) -> dict[str, list[slices.Piece]]:
+    """Every parameter's chunks as pieces of files (byte offset, region), each checked against its file's
+    header (read and checked once per file) and ``metadata.json``: dtype and local shape."""
     iter_dir = Path(iter_dir)
     headers: dict[str, tuple[dict, int]] = {}
-    out: dict[str, np.ndarray] = {}
-    total = 0
+    out: dict[str, list[slices.Piece]] = {}
     for name, param in params.items():
-        pieces = []
+        pieces = out[name] = []
         for chunk in param.chunks:
             if chunk.file not in headers:
-                headers[chunk.file] = _header(iter_dir / chunk.file)
-            header, data_start = headers[chunk.file]
-            entry = header.get(name)
+                headers[chunk.file] = header(iter_dir / chunk.file)
+            entries, data_start = headers[chunk.file]
+            entry = entries.get(name)
             if entry is None:
                 raise CheckpointError(f"{iter_dir.name}/{chunk.file}: holds no tensor {name!r}, which "
                                       f"{METADATA} says it stores")
@@ -234,6 +228,22 @@ def read_slices(iter_dir: Path, params: dict[str, Param], cuts: dict[str, int | 
                                       f"{param.dtype}{list(chunk.shape)} in {METADATA}")
             region = tuple((o, o + s) for o, s in zip(chunk.offset, chunk.shape))
             pieces.append(slices.Piece(iter_dir / chunk.file, data_start + begin, region))
+    return out
+
+
+def read_slices(iter_dir: Path, params: dict[str, Param], cuts: dict[str, int | None], degree: int, rank: int
+                ) -> tuple[dict[str, np.ndarray], int]:
+    """Rank ``rank`` of a tensor-parallel group of ``degree``: each parameter's slice (1/degree along
+    ``cuts[name]``; whole when the name is not in ``cuts`` or its cut is None), reading only the byte
+    ranges of the chunks it needs (evald.files.slices). Returns the arrays and the bytes read.
+
+    Every model file a read touches has its header checked first (dtype, shapes, offsets, size), and
+    each chunk against ``metadata.json`` (dtype, local shape). CheckpointError if anything is off."""
+    iter_dir = Path(iter_dir)
+    out: dict[str, np.ndarray] = {}
+    total = 0
+    for name, pieces in stored_pieces(iter_dir, params).items():
+        param = params[name]
         want = slices.tp_region(param.shape, cuts.get(name), degree, rank)
         dtype = _np_dtype(param.dtype)
         try:
@@ -249,7 +259,7 @@ def read_slices(iter_dir: Path, params: dict[str, Param], cuts: dict[str, int | 
 
 # ---------------------------------------------------------------- safetensors headers
 
-def _header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...], int, int]], int]:
+def header(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...], int, int]], int]:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError as exc:
