@@ -24,6 +24,8 @@ import numpy as np
 from evald.contracts import layout
 from evald.contracts.wire import FactorySpec
 from evald.files.recognise import CheckpointError
+from evald.contracts.manifest import numpy_dtype_of
+from evald.pipeline import memory_fit
 from evald.pipeline.factories import call_factory
 from evald.pipeline.swap.hot_swap import NetworkWeights
 from evald.pipeline.subset import SubsetInfo, fixed_batches, select_subset
@@ -105,6 +107,7 @@ class Evaluator:
             raise TypeError(f"the model factory {model.target!r} returned {type(self.network).__name__}, "
                             f"not a mindspore.nn.Cell")
         self.network.set_train(False)
+        self._check_memory(ms)
         self.cell = self.task.build_cell(self.network)
         self.cell.set_train(False)
         self.weights = NetworkWeights(self.network)
@@ -121,6 +124,20 @@ class Evaluator:
         log.info("evaluation network ready in %.1fs: %d parameters (%s); %s", time.time() - started,
                  len(self.weights.specs), "read in place" if self.weights.in_place else "set_data",
                  self.subset.describe())
+
+    def _check_memory(self, ms: Any) -> None:
+        """Refuse, before compiling, weights that cannot fit the device (evald.pipeline.memory_fit)."""
+        from evald.pipeline.swap.weights import network_bytes
+
+        target = ms.get_context("device_target")
+        device_id = int(ms.get_context("device_id") or 0)
+        degree = self.tensor_parallel[0]
+        params = dict(self.network.parameters_and_names())
+        weight_bytes = network_bytes({n: (tuple(p.shape), numpy_dtype_of(p.dtype)) for n, p in params.items()})
+        problem = memory_fit.fit_problem(weight_bytes, memory_fit.device_memory(target, device_id), degree=degree,
+                                         device=f"{target}:{device_id}")
+        if problem:
+            raise ValueError(problem)
 
     def swap_in(self, path: Path, kind: str, step: int | None = None) -> tuple[dict[str, Any], float, float]:
         """Swap in the checkpoint at ``path`` and prove it: (provenance, load seconds, verify seconds).
