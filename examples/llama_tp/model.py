@@ -66,7 +66,8 @@ def _param(name: str, shape: tuple[int, ...], rng: np.random.Generator, scale: f
 
 
 class _Sum(nn.Cell):
-    """AllReduce SUM over the tensor-parallel ranks, or nothing with one rank."""
+    """Megatron's g: AllReduce SUM over the tensor-parallel ranks forward, identity backward (the value is
+    replicated after it, so each rank's gradient of it is already the whole one); nothing with one rank."""
 
     def __init__(self, degree: int) -> None:
         super().__init__()
@@ -77,6 +78,27 @@ class _Sum(nn.Cell):
         if self.degree > 1:
             return self.all_reduce(x)
         return x
+
+    def bprop(self, x, out, dout):
+        return (dout,)
+
+
+class _Copy(nn.Cell):
+    """Megatron's f: identity forward into a tensor-parallel layer, AllReduce SUM of the gradient backward
+    (each rank's layer sees only its slice's share of the input's gradient)."""
+
+    def __init__(self, degree: int) -> None:
+        super().__init__()
+        self.degree = degree
+        self.all_reduce = ops.AllReduce() if degree > 1 else None
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        if self.degree > 1:
+            return (self.all_reduce(dout),)
+        return (dout,)
 
 
 class RMSNorm(nn.Cell):
@@ -102,18 +124,18 @@ class Layer(nn.Cell):
         self.down = _param(p + "down", (hidden, ffn), rng, 1.0 / math.sqrt(ffn), degree, rank)
         self.mask = ms.Tensor(np.triu(np.full((seq_len, seq_len), -1e9, np.float32), k=1))
         self.scale = 1.0 / math.sqrt(self.d_head)
-        self.sum = _Sum(degree)
+        self.sum, self.copy_attn, self.copy_ffn = _Sum(degree), _Copy(degree), _Copy(degree)
 
     def construct(self, x):
         b, t, _ = x.shape
-        h = self.attn_norm(x)
+        h = self.copy_attn(self.attn_norm(x))
         q = ops.matmul(h, self.q.T).reshape(b, t, self.local_heads, self.d_head).transpose(0, 2, 1, 3)
         k = ops.matmul(h, self.k.T).reshape(b, t, self.local_heads, self.d_head).transpose(0, 2, 1, 3)
         v = ops.matmul(h, self.v.T).reshape(b, t, self.local_heads, self.d_head).transpose(0, 2, 1, 3)
         att = ops.softmax(ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + self.mask[:t, :t], axis=-1)
         y = ops.matmul(att, v).transpose(0, 2, 1, 3).reshape(b, t, self.local_heads * self.d_head)
         x = x + self.sum(ops.matmul(y, self.o.T))                                    # row parallel
-        h = self.ffn_norm(x)
+        h = self.copy_ffn(self.ffn_norm(x))
         z = ops.silu(ops.matmul(h, self.gate.T)) * ops.matmul(h, self.up.T)          # column parallel
         return x + self.sum(ops.matmul(z, self.down.T))                              # row parallel
 
@@ -139,7 +161,7 @@ class LlamaTP(nn.Cell):
         self.norm = RMSNorm("norm", hidden)
         head = rng.standard_normal((vocab, hidden)).astype(np.float32) / math.sqrt(hidden)
         self.head = ms.Parameter(ms.Tensor(slice_for("head", head, degree, rank)), name="head")
-        self.sum = _Sum(degree)
+        self.sum, self.copy_head = _Sum(degree), _Copy(degree)
 
     def local_logits(self, tokens):
         local = tokens - self.start
@@ -149,7 +171,7 @@ class LlamaTP(nn.Cell):
         x = x + self.pos[:tokens.shape[1]]
         for layer in self.layers:
             x = layer(x)
-        return ops.matmul(self.norm(x), self.head.T)                                  # (B, T, V/N)
+        return ops.matmul(self.copy_head(self.norm(x)), self.head.T)                  # (B, T, V/N)
 
     def construct(self, tokens):
         local = self.local_logits(tokens)
