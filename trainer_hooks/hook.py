@@ -108,7 +108,9 @@ class EvaldHook:
         holds: the parameters this rank holds (names or a predicate), when ranks hold different ones
             (pipeline stages): it writes exactly those.
         tensor_layouts: ``{name: {"dev_matrix", "tensor_map"}}`` of tensor-parallel slices, or a cell whose
-            ``parameter_layout_dict`` has them (default: ``network``'s); untested on a real sharded job.
+            ``parameter_layout_dict`` has them (default: ``network``'s). Given explicitly, tested on a real
+            Megatron-style tensor-parallel job (examples/llama_tp/train.py); read from
+            ``parameter_layout_dict``, untested on a real sharded job.
         hash_algorithm: each snapshot file's integrity check, ``"xxh3-128"`` (fast, against corruption) or
             ``"sha256"`` (cryptographic); default ``$EVALD_HASH`` or ``"xxh3-128"``. evald reads either
             (docs/checkpoint-layout.md, "MANIFEST.json"; docs/security.md).

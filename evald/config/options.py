@@ -199,6 +199,10 @@ class EvaldConfig:
     group: GroupOptions = opt(None, "several devices (--device 4,5,6,7): one msrun eval group, and msrun's "
                               "node options for several hosts ([group] table; docs/eval-group.md)",
                               kind="table", table=GroupOptions, factory=GroupOptions)
+    tensor_parallel: int = opt(1, "tensor-parallel degree of the eval group: its ranks hold 1/N of every "
+                               "tensor-parallel weight each and evaluate together (N = every rank of --device; "
+                               "the model factory builds the rank's shard, docs/eval-group.md)", kind="int",
+                               min=1, max=4096)
     # --- what to evaluate
     task: str | None = opt(None, "lm or classification; default: the trainer's announcement, else lm",
                            kind="choice", choices=("lm", "classification"))
@@ -302,7 +306,7 @@ ANNOUNCED = ("task", "model_factory", "model_kwargs", "data_factory", "data_kwar
 HELP_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("input", "which checkpoints, where results go, how the trainer reaches evald",
      ("device", "ckpt_dir", "logdir", "run_name", "endpoint", "control_endpoint", "app_dir", "cpu_affinity",
-      "group")),
+      "group", "tensor_parallel")),
     ("security", "who may read evald's state, talk to it, and name code it imports (docs/security.md)",
      ("state_mode", "server_key", "allowed_keys", "allow_plaintext", "factory_allow")),
     ("evaluation", "what one evaluation computes, on which samples",

@@ -100,6 +100,17 @@ def _check_combinations(config: EvaldConfig, sources: Mapping[str, str]) -> None
         raise error("metric_plugins", f"metric plug-ins update per batch, so an eval group over devices "
                                       f"{config.device} cannot combine them exactly; evaluate on one device, or "
                                       f"drop the plug-ins")
+    if config.tensor_parallel > 1:
+        if config.tensor_parallel != config.group_size:
+            raise error("tensor_parallel", f"{config.tensor_parallel} must equal the eval group's ranks "
+                                           f"({config.group_size}: --device {config.device}"
+                                           f"{f' on {config.group.nodes} hosts' if config.group.nodes > 1 else ''}); "
+                                           f"data parallelism over groups of tensor-parallel ranks is not supported")
+        if config.suites:
+            raise error("suites", "benchmark suites on a tensor-parallel eval group are not supported yet; "
+                                  "run them on one device")
+        if config.serve.listen:
+            raise error("serve", "serving from a tensor-parallel eval group is not supported yet")
     if config.group.nodes > 1 and config.group.master_port is None:
         raise error("group", f"an eval group over {config.group.nodes} hosts needs group.master_port (the same "
                              f"on every host) and group.master_addr (node 0's address)")

@@ -39,6 +39,7 @@ log = logging.getLogger("evald.group")
 
 ENV_WORKER = "EVALD_GROUP_WORKER"            # set by the launcher: this process is a worker (or scheduler)
 ENV_EXIT_FILE = "EVALD_GROUP_EXIT_FILE"      # where rank 0 leaves its exit code for the launcher
+WATCH_INTERVAL_S = 0.5                        # how often the launcher notes which eval ranks are alive
 DEFAULT_COMM_TIMEOUT_S = "600"               # CPU collectives otherwise fail after 30 s of waiting
 MSRUN = "import sys; from mindspore.parallel.cluster.run import main; sys.argv[0] = 'msrun'; sys.exit(main())"
 
@@ -130,9 +131,12 @@ def launch(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
     if code is None:
         code = 0 if rc == 0 else 1
         if rc != 0:
-            log.error("the eval group ended with an error (msrun exit %s): a rank failed or died; see %s. A "
-                      "step under way was not recorded and is evaluated again at the next start%s", rc, log_dir,
-                      "".join(f"\n  {name}: {text}" for name, text in first_errors(log_dir)))
+            first = signals.first_gone
+            which = (f"eval rank {first[0]} (pid {first[1]}, log worker_{first[0]}.log) ended first, then msrun "
+                     f"ended the others" if first is not None else "a rank failed or died")
+            log.error("the eval group ended with an error (msrun exit %s): %s; a rank failed or died; see %s. "
+                      "A step under way was not recorded and is evaluated again at the next start%s", rc, which,
+                      log_dir, "".join(f"\n  {name}: {text}" for name, text in first_errors(log_dir)))
     return code
 
 
@@ -161,11 +165,23 @@ def _rank0_code(path: Path) -> int | None:
         return None
 
 
+def first_gone(seen: dict[int, tuple[int, int]], alive: dict[int, tuple[int, int]],
+               already: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The (rank, pid) of the first eval rank that ended: ``already`` if known, else the lowest rank among
+    those seen before and not alive now (several at once: the one polling saw go first cannot be told)."""
+    if already is not None:
+        return already
+    gone = sorted(v for pid, v in seen.items() if pid not in alive)
+    return gone[0] if gone else None
+
+
 class _Forwarder:
     """Passes SIGTERM/SIGINT to the group's workers; the third signal kills the whole group."""
 
     def __init__(self, msrun: subprocess.Popen) -> None:
         self.msrun, self.count = msrun, 0
+        self.ranks_seen: dict[int, tuple[int, int]] = {}  # pid -> (rank, pid) of every eval rank seen alive
+        self.first_gone: tuple[int, int] | None = None    # (rank, pid) of the first eval rank that ended
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._handle)
 
@@ -198,11 +214,29 @@ class _Forwarder:
             process.send_signal(signal.SIGTERM)
 
     def wait(self) -> int:
+        """msrun's exit code; meanwhile, which eval rank ended first (``first_gone``: msrun ends the others
+        once one has failed, so the first to go is the one that failed or was killed)."""
         while True:
             try:
-                return self.msrun.wait()
+                rc = self.msrun.wait(timeout=WATCH_INTERVAL_S)
+            except subprocess.TimeoutExpired:
+                self._watch_ranks()
+                continue
             except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
                 continue
+            self._watch_ranks()
+            return rc
+
+    def _watch_ranks(self) -> None:
+        alive: dict[int, tuple[int, int]] = {}
+        for process in self._workers():
+            try:
+                rank = int(process.environ().get("RANK_ID", ""))
+            except Exception:  # noqa: BLE001 - psutil errors, a rank without RANK_ID
+                continue
+            alive[process.pid] = (rank, process.pid)
+        self.first_gone = first_gone(self.ranks_seen, alive, self.first_gone)
+        self.ranks_seen.update(alive)
 
 
 # --- a worker (or msrun's scheduler) -----------------------------------------------------------

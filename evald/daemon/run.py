@@ -28,7 +28,7 @@ from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, Run
 from evald.daemon import suite_turn, turn as evaluation
 from evald.daemon.run_dir import LEDGER_FILE
 from evald.decisions.decisions import Decisions
-from evald.files.mindformers import entry_name
+from evald.files.mindformers import entry_name, is_tracker
 from evald.intake import trust
 from evald.intake.discovery import RESCAN, WATCHDOG, Discovery
 from evald.intake.intake import Intake
@@ -133,6 +133,9 @@ class Run:
     def _path(self, path: Path, found_via: str) -> bool:
         if self.discovery.reach(path):  # a MindFormers directory appeared: look inside at once
             self._rescan()
+        if found_via == WATCHDOG and is_tracker(self.ckpt_dir, path):
+            self._rescan()  # MindFormers' tracker file commits Checkpoint 2.0 iterations: look at them now
+            return False
         name = entry_name(self.ckpt_dir, path)
         if name is None:
             return False

@@ -20,6 +20,12 @@ of the same step (docs/reliability.md, "Which file a step is read from"); ``meta
 not a checkpoint and is ignored. evald creates nothing there: each directory is watched
 once it exists.
 
+Checkpoint 2.0 (MindFormers 2.0's default, evald.files.checkpoint2): its iteration directories
+``checkpoint/iteration_XXXXXXXX/`` are entries too (``ITERATIONS_DIR``), named so
+(``checkpoint/iteration_00000020``); and when ``--ckpt-dir`` is that ``checkpoint`` directory itself,
+plain ``iteration_00000020``. The tracker file ``latest_checkpointed_iteration.txt`` next to them is
+what commits them: a change to it makes evald look at the iterations again (``is_tracker``).
+
 The step of a weights-only file of epoch 2 and later: its name carries the step within
 the epoch only and the file holds weights only, but the full checkpoint of the same epoch
 and step, ``checkpoint/rank_N/<prefix>_rank_N-<epoch>_<step>``, holds ``step_num`` and
@@ -35,9 +41,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from evald.files.checkpoint2 import TRACKER, iteration_of
+
 WEIGHTS_DIR, FULL_DIR = "checkpoint_network", "checkpoint"
 RANK_DIR = "rank_0"
 SERVED = (f"{WEIGHTS_DIR}/{RANK_DIR}", f"{FULL_DIR}/{RANK_DIR}")  # weights first: rescans list them first
+ITERATIONS_DIR = FULL_DIR  # Checkpoint 2.0's iteration_XXXXXXXX/ directories and its tracker file
 # A weights-only file found before the full checkpoint of its step (async saving) waits this long for it.
 SIBLING_WAIT_S = 60.0
 
@@ -56,7 +65,19 @@ _NETWORK_NAME = re.compile(
 
 def served_dirs(ckpt_dir: Path) -> list[Path]:
     """MindFormers' directories whose files are entries of the served directory ``ckpt_dir``."""
-    return [Path(ckpt_dir) / sub for sub in SERVED]
+    return [Path(ckpt_dir) / sub for sub in (*SERVED, ITERATIONS_DIR)]
+
+
+def is_iteration_name(name: str) -> bool:
+    """An entry name of a Checkpoint 2.0 iteration directory: ``[checkpoint/]iteration_XXXXXXXX``."""
+    head, _, base = name.rpartition("/")
+    return head in ("", ITERATIONS_DIR) and iteration_of(base) is not None
+
+
+def is_tracker(ckpt_dir: Path, path: Path) -> bool:
+    """Checkpoint 2.0's ``latest_checkpointed_iteration.txt`` of the served directory (it commits iterations)."""
+    path = Path(path)
+    return path.name == TRACKER and path.parent in (Path(ckpt_dir), Path(ckpt_dir) / ITERATIONS_DIR)
 
 
 def watched_dirs(ckpt_dir: Path) -> list[Path]:
@@ -85,6 +106,8 @@ def entry_name(ckpt_dir: Path, path: Path) -> str | None:
     for sub in SERVED:
         if parent == Path(ckpt_dir) / sub:
             return f"{sub}/{Path(path).name}"
+    if parent == Path(ckpt_dir) / ITERATIONS_DIR and iteration_of(Path(path).name) is not None:
+        return f"{ITERATIONS_DIR}/{Path(path).name}"
     return None
 
 
@@ -94,7 +117,7 @@ def is_entry_name(name: str) -> bool:
     Names also arrive in ZeroMQ messages, so anything else (``../x``, ``a/b/c``) is refused here.
     """
     head, _, base = name.rpartition("/")
-    return bool(base) and base not in (".", "..") and (head == "" or head in SERVED)
+    return bool(base) and base not in (".", "..") and (head == "" or head in SERVED or is_iteration_name(name))
 
 
 def base_name(name: str) -> str:

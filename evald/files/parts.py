@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from evald.contracts import layout
 from evald.contracts.partition import group_name, tiling_problem
 from evald.files.recognise import PARTS, Found
+from evald.files.slices import Piece
 
 INCOMPLETE = "incomplete"   # the first word of the reason an incomplete step is recorded with
 
@@ -143,3 +145,19 @@ def fit_problem(parts: Sequence[tuple[str, layout.Manifest]], run_id: str | None
         if problem:
             return problem
     return None
+
+
+def pieces_of_parts(parts: Sequence[tuple[Path, layout.Manifest]]
+                    ) -> dict[str, tuple[tuple[int, ...], str, list[Piece]]]:
+    """Every parameter of a step's parts (checked by ``fit_problem``): its full shape, dtype and the
+    stored pieces (file, byte offset, region), for a tensor-parallel rank's reads (evald.files.slices)."""
+    out: dict[str, tuple[tuple[int, ...], str, list[Piece]]] = {}
+    for part_dir, manifest in parts:
+        for p in manifest.params:
+            if p.offset is None:
+                raise ValueError(f"{part_dir.name}: {p.name!r} has no byte offset in its manifest")
+            full = p.sliced.global_shape if p.sliced is not None else p.shape
+            region = p.sliced.region if p.sliced is not None else tuple((0, d) for d in p.shape)
+            out.setdefault(p.name, (tuple(full), p.dtype, []))[2].append(Piece(Path(part_dir) / p.file, p.offset,
+                                                                               region))
+    return out

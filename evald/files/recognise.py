@@ -17,6 +17,9 @@ Two kinds of checkpoint:
     4. otherwise the file is rejected with a reason saying which option to set.
   A MindFormers weights-only file (``checkpoint_network/rank_N/``) is of kind
   ``foreign-weights``, preferred to a full checkpoint of the same step.
+* ``checkpoint2``: a MindFormers Checkpoint 2.0 ``iteration_XXXXXXXX/`` directory, once MindFormers'
+  tracker file commits it (evald.files.checkpoint2); its step is its iteration. Like a weights-only
+  file it is read for its model files only.
 
 One training step gets one evaluation whichever files carry it (docs/reliability.md,
 "Which file a step is read from"): an evald-layout checkpoint wins over a foreign file
@@ -42,6 +45,7 @@ import numpy as np
 
 from evald.contracts import layout
 from evald.contracts.partition import parse_part_dir_name
+from evald.files import checkpoint2
 from evald.files import mindformers as mindformers_layout
 from evald.files.access import Unreadable, check_readable
 from evald.files.confine import confined, examine
@@ -49,10 +53,11 @@ from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointUnr
 from evald.files.foreign import load_foreign
 
 EVALD, FOREIGN, FOREIGN_WEIGHTS = "evald", "foreign", "foreign-weights"
+CHECKPOINT2 = "checkpoint2"  # a MindFormers Checkpoint 2.0 iteration directory
 PART, PARTS = "part", "parts"  # one part of a partitioned snapshot; a step read from all its parts
 FOREIGN_KINDS = (FOREIGN, FOREIGN_WEIGHTS)
 FOREIGN_SUFFIXES = (".ckpt", ".safetensors")
-PREFERENCE = {EVALD: 0, PARTS: 0, FOREIGN_WEIGHTS: 1, FOREIGN: 2}  # lower wins when several files carry one step
+PREFERENCE = {EVALD: 0, PARTS: 0, FOREIGN_WEIGHTS: 1, CHECKPOINT2: 1, FOREIGN: 2}  # lower wins when several files carry one step
 _MODEL_CHECKPOINT_NAME = re.compile(  # fullmatch: ASCII digits, no trailing "\n"
     r"(?P<prefix>.+)-(?P<epoch>[0-9]{1,9})_(?P<step>[0-9]{1,15})\.(ckpt|safetensors)", re.DOTALL)
 _STEP_KEYS = ("step_num", "cur_step_num", "global_step")
@@ -94,10 +99,11 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
             or name in (layout.EVALD_SUBDIR, layout.RUN_FILE, layout.RUN_END_FILE)):
         return None
     path = ckpt_dir / name
+    iteration = mindformers_layout.is_iteration_name(name)
     dir_step, part = layout.parse_step_dir_name(name), parse_part_dir_name(name)
     if part is not None:
         dir_step = part[0]
-    if dir_step is None and not name.endswith(FOREIGN_SUFFIXES):
+    if dir_step is None and not iteration and not name.endswith(FOREIGN_SUFFIXES):
         return None
     if not os.path.lexists(path):
         return None  # before any verdict: a notice of an entry that does not exist leaves no row
@@ -108,6 +114,8 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
                                     f"directory inside the checkpoint directory; not read")
     if path.is_symlink():
         return _link(path.parent, path, dir_step, name)
+    if iteration:
+        return _checkpoint2(path, name)
     if dir_step is not None:
         return _evald(path, dir_step, part)
     return _foreign(path, name, steps_per_epoch, settle_s, now)
@@ -138,6 +146,24 @@ def _evald(path: Path, dir_step: int, part: tuple[int, int, int] | None = None) 
                                                  f", its name another: renamed or copied by hand; not evaluated")
         return Found(path.name, dir_step, PART, manifest.run_id, manifest.commit_time, manifest)
     return Found(path.name, dir_step, EVALD, manifest.run_id, manifest.commit_time)
+
+
+def _checkpoint2(path: Path, name: str) -> Found | Rejected | Pending | None:
+    if not path.is_dir():
+        return Rejected(name, None, "not a directory: MindFormers' iteration_XXXXXXXX entries are directories")
+    try:
+        step_or_reason = checkpoint2.committed(path)
+    except CheckpointUnreadable as exc:
+        return Pending(name, str(exc))
+    except CheckpointError as exc:
+        return Rejected(name, checkpoint2.iteration_of(path.name), str(exc))
+    if step_or_reason is None:
+        return None  # not committed by MindFormers' tracker yet: judged again when it changes
+    if isinstance(step_or_reason, str):
+        return Rejected(name, checkpoint2.iteration_of(path.name), step_or_reason)
+    if step_or_reason > MAX_STEP:
+        return Rejected(name, None, f"iteration {step_or_reason} is out of range (0..2**63-1)")
+    return Found(name, step_or_reason, CHECKPOINT2, None, path.stat().st_mtime)
 
 
 def _foreign(path: Path, name: str, steps_per_epoch: int | None, settle_s: float, now: float | None

@@ -13,6 +13,7 @@ every ``size``-th batch of the fixed subset and a slice of the generation prompt
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,13 +24,19 @@ import numpy as np
 from evald.contracts import layout
 from evald.contracts.wire import FactorySpec
 from evald.files.recognise import CheckpointError
+from evald.contracts.manifest import numpy_dtype_of
+from evald.pipeline import memory_fit
 from evald.pipeline.factories import call_factory
 from evald.pipeline.swap.hot_swap import NetworkWeights
 from evald.pipeline.subset import SubsetInfo, fixed_batches, select_subset
 from evald.pipeline.swap.swap_check import PartsRead, check as check_swap, check_parts, parts_digest, weights_digest
 from evald.pipeline.tasks import make_task
 from evald.pipeline.tasks.base import DataShapeError, ShouldAbort, never
+from evald.pipeline.swap.tp_load import read_rank
 from evald.pipeline.swap.weights import load_into
+
+# A tensor-parallel eval rank's model factory learns its degree and rank from these (docs/eval-group.md).
+ENV_TP_DEGREE, ENV_TP_RANK = "EVALD_TP_DEGREE", "EVALD_TP_RANK"
 
 log = logging.getLogger("evald.pipeline.network")
 
@@ -67,9 +74,11 @@ class Evaluator:
     def __init__(self, *, task: str, model: FactorySpec, data: FactorySpec, subset_size: int,
                  subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None,
                  part: tuple[int, int] = (0, 1), verify_swap: str = "sampled",
-                 config_identity: Mapping[str, Any] | None = None) -> None:
+                 config_identity: Mapping[str, Any] | None = None,
+                 tensor_parallel: tuple[int, int] = (1, 0)) -> None:
         import mindspore as ms
 
+        self.tensor_parallel = tensor_parallel  # (degree, this rank): the rank holds its shard of the model
         self._ms = ms
         started = time.time()
         self.task = make_task(task, plugins=plugins, generation=generation)
@@ -91,11 +100,14 @@ class Evaluator:
         self.part_batches = self.batches[rank::size]  # whole batches: the same rows, shapes and values
         self.part_rows = np.concatenate([np.arange(b * batch_size, b * batch_size + int(batch.weights.sum()))
                                          for b, batch in enumerate(self.batches)][rank::size] or [np.zeros(0, int)])
+        degree, tp_rank = tensor_parallel
+        os.environ[ENV_TP_DEGREE], os.environ[ENV_TP_RANK] = str(degree), str(tp_rank)  # the factory reads them
         self.network = call_factory(model, "model")
         if not hasattr(self.network, "parameters_and_names"):
             raise TypeError(f"the model factory {model.target!r} returned {type(self.network).__name__}, "
                             f"not a mindspore.nn.Cell")
         self.network.set_train(False)
+        self._check_memory(ms)
         self.cell = self.task.build_cell(self.network)
         self.cell.set_train(False)
         self.weights = NetworkWeights(self.network)
@@ -113,12 +125,29 @@ class Evaluator:
                  len(self.weights.specs), "read in place" if self.weights.in_place else "set_data",
                  self.subset.describe())
 
+    def _check_memory(self, ms: Any) -> None:
+        """Refuse, before compiling, weights that cannot fit the device (evald.pipeline.memory_fit)."""
+        from evald.pipeline.swap.weights import network_bytes
+
+        target = ms.get_context("device_target")
+        device_id = int(ms.get_context("device_id") or 0)
+        degree = self.tensor_parallel[0]
+        params = dict(self.network.parameters_and_names())
+        weight_bytes = network_bytes({n: (tuple(p.shape), numpy_dtype_of(p.dtype)) for n, p in params.items()})
+        problem = memory_fit.fit_problem(weight_bytes, memory_fit.device_memory(target, device_id), degree=degree,
+                                         device=f"{target}:{device_id}")
+        if problem:
+            raise ValueError(problem)
+
     def swap_in(self, path: Path, kind: str, step: int | None = None) -> tuple[dict[str, Any], float, float]:
         """Swap in the checkpoint at ``path`` and prove it: (provenance, load seconds, verify seconds).
         ``held`` names it afterwards (``step``, else the manifest's); None while the swap is under way."""
         self.held = None
         started = time.time()
-        source = load_into(self.weights, path, kind)
+        if self.tensor_parallel[0] > 1:
+            source = self._load_shard(path, kind)
+        else:
+            source = load_into(self.weights, path, kind)
         if not self.weights.valid:  # never evaluate a network that holds two checkpoints' weights
             raise CheckpointError(f"{path.name}: the swap did not complete")
         loaded = time.time()
@@ -127,6 +156,16 @@ class Evaluator:
             step = source.step if isinstance(source, layout.Manifest) else 0
         self.held = Held(int(step), str(provenance["weights_sha256"]), path)
         return provenance, loaded - started, time.time() - loaded
+
+    def _load_shard(self, path: Path, kind: str) -> dict[str, np.ndarray]:
+        """This tensor-parallel rank's slice of every parameter, only their bytes (evald.pipeline.swap.tp_load)."""
+        degree, rank = self.tensor_parallel
+        read = read_rank(path, kind, self.weights.specs, degree, rank)
+        self.weights.valid = False
+        self.weights.assign(read.arrays)
+        self.weights.valid = True
+        log.info("rank %d of %d: read %d bytes of %s, its slices only", rank, degree, read.bytes_read, path.name)
+        return read.arrays
 
     def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never, step: int | None = None
                  ) -> EvalResult:

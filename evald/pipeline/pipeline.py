@@ -273,7 +273,8 @@ class Pipeline:
                                             subset_size=config.subset_size, subset_seed=config.subset_seed,
                                             batch_size=config.batch_size, generation=config.generation,
                                             verify_swap=config.tuning.verify_swap,
-                                            config_identity=specs.identity())
+                                            config_identity=specs.identity(),
+                                            tensor_parallel=config.tensor_parallel)
             return
         self.evaluator = Evaluator(task=task, model=model, data=data, subset_size=config.subset_size,
                                    subset_seed=config.subset_seed, batch_size=config.batch_size,

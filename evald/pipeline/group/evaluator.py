@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from evald.contracts.wire import FactorySpec
 from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.pipeline.group.protocol import (BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, GENERATE, OK, OP_NAMES,
@@ -33,18 +35,25 @@ log = logging.getLogger("evald.group")
 
 def build_spec(*, task: str, model: FactorySpec, data: FactorySpec, subset_size: int, subset_seed: int,
                batch_size: int, generation: Any, verify_swap: str = "sampled",
-               config_identity: Mapping[str, Any] | None = None) -> dict:
+               config_identity: Mapping[str, Any] | None = None, tensor_parallel: int = 1) -> dict:
     """What every rank needs to build the same evaluation network (a JSON-able BUILD payload)."""
     def factory(spec: FactorySpec) -> dict:
         return {"target": spec.target, "kwargs": dict(spec.kwargs), "search_path": spec.search_path}
     return {"task": task, "model": factory(model), "data": factory(data), "subset_size": subset_size,
             "subset_seed": subset_seed, "batch_size": batch_size,
             "generation": dataclasses.asdict(generation) if generation is not None else None,
-            "verify_swap": verify_swap, "config_identity": dict(config_identity or {})}
+            "verify_swap": verify_swap, "config_identity": dict(config_identity or {}),
+            "tensor_parallel": tensor_parallel}
 
 
 def build_local(spec: Mapping[str, Any], part: tuple[int, int]) -> Evaluator:
-    """This rank's Evaluator for ``part`` (rank, size) of the work described by ``spec``."""
+    """This rank's Evaluator for ``part`` (rank, size) of the work described by ``spec``. In a
+    tensor-parallel group every rank evaluates all of the work on its shard of the model: its part is
+    the whole, and its (degree, rank) go to the model factory and the weights' reader."""
+    degree = int(spec.get("tensor_parallel", 1))
+    tensor_parallel = (degree, part[0]) if degree > 1 else (1, 0)
+    if degree > 1:
+        part = (0, 1)
     generation = None
     options = spec.get("generation")
     if spec["task"] == "lm" and options and options["prompts"] > 0:
@@ -54,7 +63,8 @@ def build_local(spec: Mapping[str, Any], part: tuple[int, int]) -> Evaluator:
     return Evaluator(task=spec["task"], model=FactorySpec(**spec["model"]), data=FactorySpec(**spec["data"]),
                      subset_size=spec["subset_size"], subset_seed=spec["subset_seed"],
                      batch_size=spec["batch_size"], generation=generation, part=part,
-                     verify_swap=spec["verify_swap"], config_identity=spec["config_identity"])
+                     verify_swap=spec["verify_swap"], config_identity=spec["config_identity"],
+                     tensor_parallel=tensor_parallel)
 
 
 def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: str, should_abort: ShouldAbort
@@ -65,6 +75,9 @@ def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: st
         if evaluator is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
         part = evaluator.evaluate_part(Path(path), kind, should_abort)
+        if evaluator.tensor_parallel[0] > 1 and group.rank != 0:  # every rank computed the same values:
+            part = dataclasses.replace(part, arrays={k: np.zeros_like(v) for k, v in part.arrays.items()})
+            # rank 0's alone go into the SUM
     except EvaluationInterrupted:
         raise  # a forced shutdown: no answer; msrun ends the other ranks
     except Exception as exc:
@@ -80,7 +93,7 @@ def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: st
 class GroupEvaluator:
     """Rank 0's stand-in for an Evaluator: the same ``subset`` and ``evaluate``, done by the whole group."""
 
-    def __init__(self, group: Group, **spec_args: Any) -> None:
+    def __init__(self, group: Group, **spec_args: Any) -> None:  # spec_args: build_spec's
         self.group = group
         spec = build_spec(**spec_args)
         group.command(BUILD, spec)
@@ -97,8 +110,13 @@ class GroupEvaluator:
         if failed:
             raise RuntimeError(f"the eval group could not build the network on every rank ({'; '.join(failed)})")
         self.subset = self.local.subset  # type: ignore[union-attr]
-        log.info("eval group of %d ranks ready: rank 0 evaluates %d of %d batches", group.size,
-                 len(self.local.part_batches), len(self.local.batches))  # type: ignore[union-attr]
+        if self.local.tensor_parallel[0] > 1:  # type: ignore[union-attr]
+            log.info("tensor-parallel eval group of %d ranks ready: each holds 1/%d of every tensor-parallel "
+                     "weight and evaluates all %d batches with the others", group.size, group.size,
+                     len(self.local.batches))  # type: ignore[union-attr]
+        else:
+            log.info("eval group of %d ranks ready: rank 0 evaluates %d of %d batches", group.size,
+                     len(self.local.part_batches), len(self.local.batches))  # type: ignore[union-attr]
 
     @property
     def network(self) -> Any:

@@ -8,6 +8,7 @@ loader. Every problem is a CheckpointError whose message is recorded in the ledg
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -19,12 +20,15 @@ from evald.files.confine import confined
 from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointUnreadable
 from evald.files.foreign import load_foreign
 from evald.files.parts import fit_problem
-from evald.files.recognise import FOREIGN_KINDS, FOREIGN_WEIGHTS, PARTS
+from evald.files import checkpoint2
+from evald.files.recognise import CHECKPOINT2, FOREIGN_KINDS, FOREIGN_WEIGHTS, PARTS
 from evald.pipeline.swap import name_fit
 from evald.pipeline.swap import training_state
 from evald.pipeline.swap.hot_swap import NetworkMismatch, NetworkWeights
 from evald.pipeline.swap.slice_merge import merge_slices
 from evald.pipeline.swap.swap_check import PartsRead
+
+_RANK_DIR = re.compile(r"rank_[0-9]{1,6}")
 
 
 def load_into(weights: NetworkWeights, path: Path, kind: str
@@ -35,6 +39,7 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
     read once, verified as it is read, straight into the parameters' memory where it can be.
     Foreign: MindSpore reads the file; the weights are picked out by name and copied in.
     Parts of a partitioned snapshot (``path`` names them all): ``load_parts``.
+    A MindFormers Checkpoint 2.0 iteration: ``load_checkpoint2`` (its model files only).
     Returns what the swap can be checked against (evald.pipeline.swap.swap_check): the manifest, the parts,
     or the foreign file's weights as MindSpore loaded them.
     """
@@ -42,6 +47,8 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
         return load_parts(weights, path.parent, path.name)
     if not path.exists():
         raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated")
+    if kind == CHECKPOINT2:
+        return load_checkpoint2(weights, path)
     if kind in FOREIGN_KINDS:
         try:
             arrays = load_foreign(path, network_bytes=network_bytes(weights.specs))
@@ -49,7 +56,13 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
             raise CheckpointUnreadable(f"{exc}. It could be read when evald found it: fix the permission, "
                                        f"then put the step back in the queue") from exc
         # A weights-only file (MindFormers' checkpoint_network/) holds no optimizer state: nothing may be left out.
-        loaded = match_names(arrays, weights.specs, strict=kind == FOREIGN_WEIGHTS)
+        try:
+            loaded = match_names(arrays, weights.specs, strict=kind == FOREIGN_WEIGHTS)
+        except CheckpointError as exc:
+            ranks = model_parallel_ranks(path)
+            if ranks:
+                raise CheckpointError(model_parallel_message(path, ranks, str(exc))) from exc
+            raise
         weights.assign(loaded)
         return loaded
     try:
@@ -61,6 +74,37 @@ def load_into(weights: NetworkWeights, path: Path, kind: str
         if not path.exists():
             raise CheckpointDeleted(f"{path.name}: deleted before it could be evaluated") from exc
         raise CheckpointError(str(exc)) from exc
+
+
+def model_parallel_ranks(path: Path) -> list[str]:
+    """The ``rank_N`` directories beside the one holding ``path`` when there are several (a legacy
+    per-rank save of a parallel job), else []."""
+    rank_dir = Path(path).parent
+    if not _RANK_DIR.fullmatch(rank_dir.name):
+        return []
+    try:
+        ranks = sorted((e.name for e in os.scandir(rank_dir.parent) if e.is_dir() and _RANK_DIR.fullmatch(e.name)),
+                       key=lambda n: int(n[5:]))
+    except OSError:
+        return []
+    return ranks if len(ranks) > 1 else []
+
+
+def model_parallel_message(path: Path, ranks: list[str], problem: str) -> str:
+    """What a legacy per-rank file of a model-parallel job lacks, and MindSpore's documented way through."""
+    shown = f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
+    return (f"{shown}: {problem}. The job saved per rank ({', '.join(ranks[:4])}{', ...' if len(ranks) > 4 else ''}: "
+            f"{len(ranks)} ranks), and {path.parent.name} holds only its shard of a model-parallel (tensor or "
+            f"pipeline parallel) job. What is missing is the strategy file that says how the shards fit together "
+            f"(the training's strategy_ckpt_save_file, ./ckpt_strategy.ckpt by default; "
+            f"MindFormers: output/strategy/ckpt_strategy_rank_0.ckpt; merge several with "
+            f"mindspore.parallel.merge_pipeline_strategys): evald does not merge shards without it. Merge them "
+            f"into whole weights with MindSpore's own tools and serve the result: "
+            f"mindspore.parallel.convert_checkpoints('{path.parent.parent.name}', 'merged', 'model', "
+            f"src_strategy_file='ckpt_strategy.ckpt') for .ckpt files, or "
+            f"mindspore.parallel.unified_safetensors('{path.parent.parent.name}', 'ckpt_strategy.ckpt', 'merged') "
+            f"for .safetensors (docs/mindformers.md, 'Model-parallel checkpoints'); or save MindFormers' "
+            f"Checkpoint 2.0 (iteration_*/ with metadata.json), which evald reads as it is")
 
 
 def network_bytes(specs: Mapping[str, tuple]) -> int:
@@ -112,6 +156,32 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
 def _few(items: list[str], limit: int = 8) -> str:
     shown = ", ".join(items[:limit])
     return f"[{shown}{', …' if len(items) > limit else ''}] ({len(items)})"
+
+
+def load_checkpoint2(weights: NetworkWeights, iter_dir: Path) -> dict[str, np.ndarray]:
+    """Swap in a Checkpoint 2.0 iteration: every model parameter assembled from the byte ranges of its
+    shards through ``metadata.json`` (evald.files.checkpoint2), never an optimizer file. Every parameter
+    of the network must be there and every model parameter must fit it (strict, like a weights-only
+    file). Returns the arrays read, for the swap check."""
+    try:
+        params = checkpoint2.plan(iter_dir)
+        specs = {name: (p.shape, None) for name, p in params.items()}
+        match_names({n: _Shape(s) for n, (s, _) in specs.items()}, weights.specs, strict=True)  # before a byte
+        arrays = checkpoint2.read_whole(iter_dir, params)
+    except FileNotFoundError as exc:
+        raise CheckpointDeleted(f"{iter_dir.name}: deleted before it could be evaluated") from exc
+    loaded = match_names(arrays, weights.specs, strict=True)
+    weights.valid = False
+    weights.assign(loaded)
+    weights.valid = True
+    return loaded
+
+
+class _Shape:
+    """Stands for an array in a fit check made before any byte is read: a shape, no data."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = tuple(shape)
 
 
 def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead:

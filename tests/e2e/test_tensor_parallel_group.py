@@ -1,0 +1,115 @@
+"""`evald --device 0,1,2,3 --tensor-parallel 4`: one evaluation on ranks that each hold 1/4 of every
+tensor-parallel weight of the LLaMA-style example (examples/llama_tp), as a real msrun group on CPU.
+
+The snapshot is evald's partitioned layout written at TP=4 (each part the slices a TP=4 training rank
+holds, with their layouts, as EvaldHook(tensor_layouts=...) writes them) of the example's weights.
+Evaluated by 1, 2 and 4 tensor-parallel ranks, each reading only its slices: eval/loss equal across the
+three (rel <= 1e-6) and equal to an in-process single-device evaluation of the assembled weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evald.contracts import layout
+from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout
+from evald.files.slices import tp_region
+from tests import faults
+from tests.harness import run_dir, scalar_points
+
+GROUP_TIMEOUT_S = 900
+MODEL = {"vocab": 256, "hidden": 64, "layers": 2, "heads": 4, "ffn": 128, "seq_len": 64}
+FACTORIES = ("--model-factory", "examples.llama_tp.model:build_model", "--model-kwargs", json.dumps(MODEL),
+             "--data-factory", "examples.tiny_lm.data:validation_windows", "--data-kwargs", '{"seq_len": 64}')
+
+
+def _whole_weights() -> dict[str, np.ndarray]:
+    import mindspore as ms
+
+    from examples.llama_tp.model import build_model
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = build_model(**MODEL, seed=7, degree=1, rank=0)
+    rng = np.random.default_rng(11)  # not the factory's initial weights: evald must read them
+    return {n: (p.asnumpy() + 0.01 * rng.standard_normal(p.shape)).astype(np.float32)
+            for n, p in net.parameters_and_names()}
+
+
+def _write_tp_parts(ckpt: Path, step: int, weights: dict[str, np.ndarray], degree: int) -> None:
+    from examples.llama_tp.model import cut_dim
+
+    replicated = [n for n in weights if cut_dim(n.rpartition(".")[2] or n) is None]
+    for rank in range(degree):
+        part, specs = {}, {}
+        for name, array in weights.items():
+            dim = cut_dim(name.rpartition(".")[2] if "." in name else name)
+            if dim is None:
+                if replicated.index(name) % degree == rank:
+                    part[name] = array
+                continue
+            region = tp_region(array.shape, dim, degree, rank)
+            part[name] = np.ascontiguousarray(array[tuple(slice(a, b) for a, b in region)])
+            specs[name] = SliceSpec(region, array.shape, TensorLayout((degree,),
+                                                                      tuple(0 if d == dim else -1
+                                                                            for d in range(array.ndim))))
+        layout.write_checkpoint(ckpt, step, part, run_id="tp", part=PartInfo(rank, degree, tuple(range(degree))),
+                                slices=specs)
+
+
+def in_process_loss(weights: dict[str, np.ndarray], indices: list[int]) -> float:
+    """One device, PyNative, float64 log-softmax in numpy, its own batching."""
+    import mindspore as ms
+
+    from examples.llama_tp.model import build_model
+    from examples.tiny_lm import data
+
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    net = build_model(**MODEL, degree=1, rank=0)
+    params = dict(net.parameters_and_names())
+    for name, array in weights.items():
+        params[name].set_data(ms.Tensor(array))
+    chosen = data.validation_windows(seq_len=64)[np.asarray(indices)]
+    total, count = 0.0, 0
+    for start in range(0, len(chosen), 5):
+        batch = chosen[start:start + 5]
+        logits = net(ms.Tensor(batch[:, :-1])).asnumpy().astype(np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        total -= np.take_along_axis(log_probs, batch[:, 1:][..., None], -1).sum()
+        count += batch[:, 1:].size
+    return total / count
+
+
+def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_of_one_device(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    weights = _whole_weights()
+    _write_tp_parts(ckpt, 10, weights, 4)
+    common = ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--lag-policy", "all", "--idle-exit-s", "2",
+              "--subset-size", "32", "--batch-size", "8", "--generation", '{"prompts": 0}', *FACTORIES]
+    losses = {}
+    for degree in (1, 2, 4):
+        devices = ",".join(str(d) for d in range(degree))
+        args = ["--device", devices, "--logdir", str(tmp_path / f"tp{degree}"), *common]
+        if degree > 1:
+            args += ["--tensor-parallel", str(degree), "--group", json.dumps({"log_dir": str(tmp_path / f"ms{degree}")})]
+        evald = faults.start(tmp_path, None, *args, name=f"tp{degree}", fast=False)
+        procs.append(evald)
+        assert evald.wait(GROUP_TIMEOUT_S) == 0, evald.output()[-4000:]
+        rows = faults.ledger_rows(ckpt, tmp_path / f"tp{degree}")
+        assert [(r["step"], r["state"]) for r in rows] == [(10, "evaluated")], rows
+        [(step, _, loss)] = scalar_points(run_dir(ckpt, tmp_path / f"tp{degree}"), "eval/loss")
+        losses[degree] = loss
+        if degree > 1:
+            assert f"tensor-parallel eval group of {degree} ranks ready" in evald.output()
+            worker = (tmp_path / f"ms{degree}" / "worker_1.log").read_text(errors="replace")
+            assert f"rank 1 of {degree}: read" in worker   # its slices only (counted in its log line)
+    assert math.isclose(losses[2], losses[1], rel_tol=1e-6) and math.isclose(losses[4], losses[1], rel_tol=1e-6), losses
+    indices = json.loads((run_dir(ckpt, tmp_path / "tp1") / "subset.json").read_text())["indices"]
+    reference = in_process_loss(weights, indices)
+    assert losses[1] == pytest.approx(reference, rel=1e-5), (losses, reference)
