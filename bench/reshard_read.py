@@ -26,10 +26,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evald.contracts import layout  # noqa: E402
-from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout  # noqa: E402
-from evald.files.parts import pieces_of_parts  # noqa: E402
-from evald.files.slices import plan_reads, read_region, tp_region  # noqa: E402
+from evald.contracts import layout
+from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout
+from evald.files.parts import pieces_of_parts
+from evald.files.slices import plan_reads, read_region, tp_region
 
 CASES = [(4, 2), (4, 1), (2, 4), (4, 4), (1, 4)]   # (written at TP, read at TP)
 

@@ -232,7 +232,7 @@ class _Forwarder:
         for process in self._workers():
             try:
                 rank = int(process.environ().get("RANK_ID", ""))
-            except Exception:  # noqa: BLE001 - psutil errors, a rank without RANK_ID
+            except Exception:
                 continue
             alive[process.pid] = (rank, process.pid)
         self.first_gone = first_gone(self.ranks_seen, alive, self.first_gone)

@@ -122,7 +122,7 @@ def read_rank(path: Path, kind: str, specs: Mapping[str, tuple], degree: int, ra
     missing = sorted(set(specs) - set(by_net))
     unexpected = sorted(n for n in by_net if n not in specs)
     if missing or unexpected:
-        raise CheckpointError(f"checkpoint does not fit the evaluation network: "
+        raise CheckpointError("checkpoint does not fit the evaluation network: "
                               + "; ".join(f"{what} {names[:8]} ({len(names)})" for what, names in
                                           (("missing parameters", missing), ("unexpected parameters", unexpected))
                                           if names)

@@ -22,7 +22,7 @@ from evald.files.errors import CheckpointError
 from evald.files.recognise import CHECKPOINT2, Found, Rejected, recognise
 from evald.files.slices import tp_region
 
-from tests.checkpoint2_layout import CUT, WEIGHTS, save as _save
+from tests.checkpoint2_layout import WEIGHTS, save as _save
 
 
 def _name(step: int) -> str:

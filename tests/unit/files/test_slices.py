@@ -3,7 +3,6 @@ bytes (evald.files.slices). Pieces are raw C-ordered arrays in files, as in any 
 
 from __future__ import annotations
 
-import itertools
 import math
 from pathlib import Path
 
