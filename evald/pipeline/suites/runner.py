@@ -15,7 +15,7 @@ ledger keys a suite's cells on ``cell_identity``: the suite identity together wi
 validation's network identity (model factory and kwargs), so another model configuration makes
 new cells too, while two runs' per-sample files stay comparable on the suite identity alone.
 
-May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset modules.
+May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset, task_files modules.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from evald.config.options import SuiteOptions
 from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.suites.task_files import check_task_files
 from evald.pipeline.subset import select_subset
 from evald.pipeline.suites.tokenizer import Tokenizer, tokenizer_hash
 
@@ -144,9 +145,11 @@ _TASK_MANAGERS: dict[tuple, Any] = {}
 
 def task_manager(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
     """lm-eval's TaskManager for these local YAMLs; lm-eval's own ~15,000 tasks are indexed (seconds)
-    only when a task is not among the local ones. One per process and include path."""
+    only when a task is not among the local ones. One per process and include path. The local YAML is
+    code: it is judged by the trust rule first, every time (UntrustedTaskCode; evald.pipeline.suites.task_files)."""
     from lm_eval.tasks import TaskManager
 
+    check_task_files(include_path)
     if include_path:
         key = (include_path, False)
         if key not in _TASK_MANAGERS:
