@@ -187,6 +187,16 @@ def backfill(argv: Sequence[str]) -> int:
         return 2
     ledger = Ledger(path / LEDGER_FILE)
     try:
+        given = [a for a in args.evald_args if a != "--"]
+        known = _known_suites(ledger, args.config, given)
+        running = lock_holder(path / "evald.lock") is not None
+        # Refused when it can be told: the evald options given here, or a running evald that has built its
+        # suites. Otherwise the evald that takes the request up drops it, with a log line, if it has no such suite.
+        if args.suite not in known and (args.config or given or (running and known)):
+            print(f"evald backfill: no suite {args.suite!r} here: the known suites are "
+                  f"{', '.join(sorted(known)) or 'none'} (those evald has built for this run, and those of the "
+                  f"--config or evald options given here); nothing recorded", file=sys.stderr)
+            return 2
         steps = backfill_steps(ledger, Path(ckpt_dir), span, args.every)
         requests = (ledger.get_state(BACKFILL_KEY) or []) + [{"suite": args.suite, "steps": steps}]
         ledger.put_state(BACKFILL_KEY, requests)
@@ -211,6 +221,25 @@ def backfill(argv: Sequence[str]) -> int:
         extra += ["--ckpt-dir", str(ckpt_dir)]
     print("evaluating them now: evald " + " ".join(extra), flush=True)
     return subprocess.call([sys.executable, "-m", "evald", *extra])
+
+
+def _known_suites(ledger, config: str | None, evald_args: list[str]) -> set[str]:
+    """The suites a backfill may name: those an evald built for this run (it records each), and those
+    of the TOML or the evald options given to the backfill."""
+    from evald.daemon.suite_turn import SINCE_KEY
+
+    known = set(ledger.get_state(SINCE_KEY) or {}) | {cell.suite for cell in ledger.cells() if cell.suite}
+    if config:
+        known |= set(toml_layer(config).values.get("suites") or {})
+    if evald_args:
+        from evald.cli.main import parse_config
+        from evald.decisions.monitor_targets import MonitorError
+
+        try:
+            known |= set(parse_config(evald_args).config.suites or {})
+        except (ConfigError, MonitorError, SystemExit):
+            pass    # the evald started below says what is wrong with them
+    return known
 
 
 def keys(argv: Sequence[str]) -> int:
