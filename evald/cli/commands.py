@@ -231,13 +231,13 @@ def _known_suites(ledger, config: str | None, evald_args: list[str]) -> set[str]
     known = set(ledger.get_state(SINCE_KEY) or {}) | {cell.suite for cell in ledger.cells() if cell.suite}
     if config:
         known |= set(toml_layer(config).values.get("suites") or {})
-    if evald_args:
-        from evald.cli.main import parse_config
-        from evald.decisions.monitor_targets import MonitorError
-
+    for flag, value in zip(evald_args, evald_args[1:]):   # evald's --config TOML and --suites JSON
         try:
-            known |= set(parse_config(evald_args).config.suites or {})
-        except (ConfigError, MonitorError, SystemExit):
+            if flag == "--config":
+                known |= set(toml_layer(value).values.get("suites") or {})
+            elif flag == "--suites":
+                known |= set(json.loads(value) or {})
+        except (ConfigError, OSError, ValueError, TypeError):
             pass    # the evald started below says what is wrong with them
     return known
 

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from evald.config.options import SuiteOptions
 from evald.pipeline.suites.scoring import TokenScorer
-from evald.pipeline.suites.task_files import check_task_files
+from evald.pipeline.suites.task_files import task_manager
 from evald.pipeline.subset import select_subset
 from evald.pipeline.suites.tokenizer import Tokenizer, tokenizer_hash
 
@@ -138,29 +138,6 @@ class SuiteRunner:
             tasks[task_name] = TaskResult(task_name, metrics, samples, len(samples))
         return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
                            self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
-
-
-_TASK_MANAGERS: dict[tuple, Any] = {}
-
-
-def task_manager(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
-    """lm-eval's TaskManager for these local YAMLs; lm-eval's own ~15,000 tasks are indexed (seconds)
-    only when a task is not among the local ones. One per process and include path. The local YAML is
-    code: it is judged by the trust rule first, every time (UntrustedTaskCode; evald.pipeline.suites.task_files)."""
-    from lm_eval.tasks import TaskManager
-
-    check_task_files(include_path)
-    if include_path:
-        key = (include_path, False)
-        if key not in _TASK_MANAGERS:
-            _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path), include_defaults=False)
-        local = _TASK_MANAGERS[key]
-        if all(t in local.all_tasks for t in tasks):
-            return local
-    key = (include_path, True)
-    if key not in _TASK_MANAGERS:
-        _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path) or None)
-    return _TASK_MANAGERS[key]
 
 
 def _aggregates(result: Mapping[str, Any]) -> dict[str, float]:

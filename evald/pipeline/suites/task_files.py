@@ -3,7 +3,7 @@
 lm-eval imports and runs Python from a task YAML: ``process_docs: !function helpers.keep`` loads
 ``helpers.py`` beside the YAML (lm-eval's ``tasks/_yaml_loader.py``), and ``include:`` pulls in other
 YAML, which may do the same, from anywhere. So before ``TaskManager(include_path=...)`` is built
-(evald.pipeline.suites.runner.task_manager), ``check_task_files`` judges, by the one rule for code
+(``task_manager``, the one place evald builds one), ``check_task_files`` judges, by the one rule for code
 (evald.files.ownership, docs/security.md):
 
 * every ``include_path`` directory and every directory below it (lm-eval reads every ``*.yaml`` there:
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 import yaml
 
@@ -137,3 +137,26 @@ def check_task_files(include_path: Iterable[str]) -> None:
                     why = why_untrusted_above(Path(os.path.realpath(module)).parent)
                     if why is not None:
                         raise _refusal(why)
+
+
+_TASK_MANAGERS: dict[tuple, Any] = {}
+
+
+def task_manager(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
+    """lm-eval's TaskManager for these local YAMLs; lm-eval's own ~15,000 tasks are indexed (seconds)
+    only when a task is not among the local ones. One per process and include path. The local YAML is
+    code: it is judged by the trust rule first, every time (UntrustedTaskCode)."""
+    check_task_files(include_path)
+    from lm_eval.tasks import TaskManager
+
+    if include_path:
+        key = (include_path, False)
+        if key not in _TASK_MANAGERS:
+            _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path), include_defaults=False)
+        local = _TASK_MANAGERS[key]
+        if all(t in local.all_tasks for t in tasks):
+            return local
+    key = (include_path, True)
+    if key not in _TASK_MANAGERS:
+        _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path) or None)
+    return _TASK_MANAGERS[key]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evald.pipeline.suites.runner import task_manager
+from evald.pipeline.suites.task_files import task_manager
 from evald.pipeline.suites.task_files import UntrustedTaskCode, check_task_files
 
 OTHER_UID = 4242
