@@ -108,3 +108,17 @@ def test_a_module_outside_the_include_path_named_by_an_absolute_include_is_check
     with pytest.raises(UntrustedTaskCode, match=str(base / "helpers.py")):
         check_task_files([str(tasks)])
     assert not marker.exists()
+
+
+def test_the_suite_runner_refuses_before_lm_eval_reads_the_tasks(tmp_path):
+    """Where evald builds a suite (the daemon logs "cannot build suite NAME: ..." and runs the others)."""
+    from evald.config.options import SuiteOptions
+    from evald.pipeline.suites.runner import SuiteRunner
+    from evald.pipeline.suites.tokenizer import ByteTokenizer
+
+    tasks, marker = _tasks(tmp_path, "built_by_the_runner")
+    os.chown(tasks / "helpers.py", OTHER_UID, OTHER_UID)
+    options = SuiteOptions(tasks=("built_by_the_runner",), include_path=(str(tasks),))
+    with pytest.raises(UntrustedTaskCode, match="helpers.py"):
+        SuiteRunner("mc", options, network=None, tokenizer=ByteTokenizer())
+    assert not marker.exists()
