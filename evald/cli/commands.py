@@ -198,6 +198,16 @@ def backfill(argv: Sequence[str]) -> int:
     args.suite = args.suite[0]
     ledger = Ledger(path / LEDGER_FILE)
     try:
+        given = [a for a in args.evald_args if a != "--"]
+        known = _known_suites(ledger, args.config, given)
+        running = lock_holder(path / "evald.lock") is not None
+        # Refused when it can be told: the evald options given here, or a running evald that has built its
+        # suites. Otherwise the evald that takes the request up drops it, with a log line, if it has no such suite.
+        if args.suite not in known and (args.config or given or (running and known)):
+            print(f"evald backfill: no suite {args.suite!r} here: the known suites are "
+                  f"{', '.join(sorted(known)) or 'none'} (those evald has built for this run, and those of the "
+                  f"--config or evald options given here); nothing recorded", file=sys.stderr)
+            return 2
         steps = backfill_steps(ledger, Path(ckpt_dir), span, args.every)
         requests = (ledger.get_state(BACKFILL_KEY) or []) + [{"suite": args.suite, "steps": steps}]
         ledger.put_state(BACKFILL_KEY, requests)
@@ -237,6 +247,25 @@ def export(argv: Sequence[str]) -> int:
     if path is None:
         return 2
     return export_run(args, path)
+
+
+def _known_suites(ledger, config: str | None, evald_args: list[str]) -> set[str]:
+    """The suites a backfill may name: those an evald built for this run (it records each), and those
+    of the TOML or the evald options given to the backfill."""
+    from evald.daemon.suite_turn import SINCE_KEY
+
+    known = set(ledger.get_state(SINCE_KEY) or {}) | {cell.suite for cell in ledger.cells() if cell.suite}
+    if config:
+        known |= set(toml_layer(config).values.get("suites") or {})
+    for flag, value in zip(evald_args, evald_args[1:]):   # evald's --config TOML and --suites JSON
+        try:
+            if flag == "--config":
+                known |= set(toml_layer(value).values.get("suites") or {})
+            elif flag == "--suites":
+                known |= set(json.loads(value) or {})
+        except (ConfigError, OSError, ValueError, TypeError):
+            pass    # the evald started below says what is wrong with them
+    return known
 
 
 def keys(argv: Sequence[str]) -> int:

@@ -129,9 +129,14 @@ def check_monitor(resolved: ResolvedConfig) -> None:
 
     config = resolved.config
     suite_metric = parse_suite_monitor(config.monitor)
-    if suite_metric is not None:   # SUITE/TASK/METRIC: the suite and its task must be configured
+    if suite_metric is not None:   # SUITE/TASK/METRIC: the suite, its task and the metric must be configured
         suites = configured_suite_metrics(config)
-        if suite_metric.task not in suites.get(suite_metric.suite, {}):
+        if suite_metric.suite not in suites:
+            check_suite_monitor(config.monitor, suites)
+        metrics = suite_metrics(config.suites[suite_metric.suite])
+        if metrics is not None:
+            check_suite_monitor(config.monitor, {suite_metric.suite: metrics})
+        elif suite_metric.task not in suites[suite_metric.suite]:
             check_suite_monitor(config.monitor, suites)
         return
     tasks = [config.task] if config.task else list(TASKS)
@@ -145,10 +150,22 @@ def check_monitor(resolved: ResolvedConfig) -> None:
 
 
 def configured_suite_metrics(config) -> dict[str, dict[str, list[str]]]:
-    """``{suite: {task: []}}`` of the configuration's suites, for the start-up check of
-    ``--monitor SUITE/TASK/METRIC``: the suite and task must be configured. A task's metric names
-    are lm-eval's and known once its tasks load (seconds), so they are not checked here."""
+    """``{suite: {task: []}}`` of the configuration's suites: the suite named by ``--monitor
+    SUITE/TASK/METRIC`` must be configured (checked before anything loads)."""
     return {name: {task: [] for task in options.tasks} for name, options in (config.suites or {}).items()}
+
+
+def suite_metrics(options) -> dict[str, list[str]] | None:
+    """``{task: [metric, ...]}`` of the monitored suite, as lm-eval loads its tasks (seconds, and only
+    for a suite monitor); its task YAML is judged by the trust rule first. None when lm-eval cannot
+    load them here: the suite's build says why, and only the task name is checked now."""
+    from evald.pipeline.suites.lm_eval_metrics import suite_metric_names
+    from evald.pipeline.suites.task_files import UntrustedTaskCode
+
+    try:
+        return suite_metric_names(options)
+    except UntrustedTaskCode as exc:
+        raise MonitorError(f"--monitor needs the suite's tasks, which are refused: {exc}") from None
 
 
 def keep_framework_logs_out_of_cwd(config, environ=os.environ) -> None:

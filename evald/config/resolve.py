@@ -137,9 +137,33 @@ def _check_combinations(config: EvaldConfig, sources: Mapping[str, str]) -> None
                                               f"divergence_threshold {high:g} with mode {config.mode}")
 
 
+SHOWN_ITEMS = 20          # items of a list, tuple or table shown in the start-up log
+SHOWN_CHARACTERS = 2000   # characters of one value shown there
+SHOWN_STRING = 500        # characters of one string in it
+
+
 def _show(value: Any) -> str:
+    """One option's value for the start-up log: long lists, tables and strings shortened, saying how much
+    was left out (a suite of 100,000 task names must not become one 1 MB log line)."""
+    shown = _shown(value, top=True)
+    if len(shown) > SHOWN_CHARACTERS:
+        shown = f"{shown[:SHOWN_CHARACTERS]}... ({len(shown) - SHOWN_CHARACTERS:,} more characters)"
+    return shown
+
+
+def _shown(value: Any, top: bool = False) -> str:
     if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
-        inner = ", ".join(f"{f.name}={getattr(value, f.name)!r}" for f in fields(value))
-        return "{" + inner + "}"
-    return repr(value) if isinstance(value, str) else str(value)
+        return "{" + ", ".join(f"{f.name}={_shown(getattr(value, f.name))}" for f in fields(value)) + "}"
+    if isinstance(value, (list, tuple, dict)):
+        items = ([f"{_shown(k)}: {_shown(v)}" for k, v in list(value.items())[:SHOWN_ITEMS]]
+                 if isinstance(value, dict) else [_shown(v) for v in value[:SHOWN_ITEMS]])
+        if len(value) > SHOWN_ITEMS:
+            items.append(f"... ({len(value) - SHOWN_ITEMS:,} more)")
+        if isinstance(value, tuple) and len(value) == 1:
+            items.append("")    # (x,) as Python shows it
+        brackets = "{}" if isinstance(value, dict) else "[]" if isinstance(value, list) else "()"
+        return brackets[0] + ", ".join(items).rstrip(" ") + brackets[1]
+    if isinstance(value, str) and len(value) > SHOWN_STRING:
+        return f"{value[:SHOWN_STRING]!r}... ({len(value) - SHOWN_STRING:,} more characters)"
+    return str(value) if top and not isinstance(value, str) else repr(value)
 

@@ -13,6 +13,7 @@ be a TensorBoard directory the team shares.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import os
@@ -39,6 +40,7 @@ def prepare_state_dir(run_dir: Path, state_mode: str) -> None:
     """Tighten evald's run directory, its sub-runs and evald's files in them to ``state_mode``
     (they are created that way; this fixes those an earlier evald left more open)."""
     dir_mode, file_mode, _ = _MODES[state_mode]
+    check_writable(run_dir)
     for directory in [run_dir, *(run_dir / sub for sub in SUB_RUNS)]:
         try:
             info = os.lstat(directory)
@@ -51,6 +53,31 @@ def prepare_state_dir(run_dir: Path, state_mode: str) -> None:
             if any(fnmatch.fnmatch(entry.name, pattern) for pattern in STATE_FILES):
                 _refuse_unless_ours(Path(entry.path), os.lstat(entry.path), stat.S_ISREG, "a regular file")
                 _tighten(Path(entry.path), file_mode)
+
+
+def check_writable(run_dir: Path) -> None:
+    """RunDirError naming ``run_dir`` (or a state file in it) when evald cannot write there: an immutable
+    directory (``chattr +i``, which stops root too), a read-only mount, missing permissions. Found now, by
+    creating and removing a probe file, rather than as sqlite's "unable to open database file" later. A
+    full disk is left to the disk-full wait (evald.ledger.disk_full)."""
+    probe = run_dir / f".evald-write-probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return
+        raise RunDirError(_cannot_write(run_dir, exc.strerror or str(exc))) from None
+    for entry in os.scandir(run_dir):
+        if (any(fnmatch.fnmatch(entry.name, pattern) for pattern in STATE_FILES) and entry.is_file(follow_symlinks=False)
+                and not os.access(entry.path, os.W_OK)):
+            raise RunDirError(_cannot_write(Path(entry.path), "it is read-only, or immutable"))
+
+
+def _cannot_write(path: Path, why: str) -> str:
+    return (f"evald cannot write {path} ({why}): its ledger and TensorBoard events live there. Make it writable "
+            f"(an immutable one: `lsattr -d {path}`, then `chattr -i`; a read-only mount: mount it read-write), "
+            f"or choose another --logdir or --run-name")
 
 
 def _refuse_unless_ours(path: Path, info: os.stat_result, kind, what: str) -> None:

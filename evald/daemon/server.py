@@ -21,8 +21,10 @@ receiver, the directory watcher) stops evald with an error naming it (exit 3), n
 What the server uses is passed in: the pipeline (tests give a stand-in), the eval group, and the
 disk-full wait, which ends when a signal comes.
 
-Exit codes: 0 done; 1 forced exit; 2 bad configuration or another evald in the way;
-3 checkpoints wait that cannot be evaluated (docs/reliability.md).
+Exit codes: 0 done; 1 forced exit, or an unexpected error (logged with its traceback); 2 bad
+configuration, another evald in the way, or a run directory evald cannot write; 3 checkpoints wait
+that cannot be evaluated (docs/reliability.md). "evald stopped (exit code N)" is always the last
+line, with the code evald exits with.
 """
 
 from __future__ import annotations
@@ -108,6 +110,10 @@ class Server:
             self.exit_code = 3
         except (EvaluationInterrupted, disk_full.DiskFullShutdown):
             log.warning("forced exit: the work under way was abandoned; it is redone at the next start")
+            self.exit_code = 1
+        except Exception:  # noqa: BLE001 - a defect: its traceback goes to the log, and the code said is the true one
+            log.exception("evald stopped on an unexpected error (a defect: please report it with this log); the "
+                          "ledger keeps its place, start it again")
             self.exit_code = 1
         finally:
             self.shutdown()

@@ -115,13 +115,18 @@ def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None
 def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | None = None) -> int:
     """Queue the cells `evald backfill` asked for (kv ``backfill_requests``); cells queued."""
     requests = ledger.get_state(BACKFILL_KEY) or []
-    if not requests or not pipeline.suites:
+    if not requests:
         return 0
     queued, left = 0, []
     for request in requests:
         runner = pipeline.suites.get(request["suite"])
-        if runner is None:
-            left.append(request)
+        if runner is None and request["suite"] in pipeline.suite_errors:
+            left.append(request)     # configured but not built: kept until the suite is fixed
+            continue
+        if runner is None:           # no such suite here: said once and dropped, never kept forever
+            log.error("backfill of suite %r dropped: this evald has no such suite (its suites: %s); configure it "
+                      "([suites.NAME]) and run evald backfill again", request["suite"],
+                      ", ".join(sorted(pipeline.suites)) or "none")
             continue
         steps = request.get("steps")
         queued += len(ledger.queue_cells(request["suite"], runner.cell_identity, steps))

@@ -9,6 +9,7 @@ checkpoint directory and is bounded (docs/security.md).
 - ``slices.py``: an eval rank's slice of a parameter from stored pieces of any layout, only its bytes
 - ``parts.py``: the parts of a partitioned snapshot: wait for all, check that they fit
 - ``errors.py``: why a checkpoint cannot be evaluated
+- ``ownership.py``: the one trust rule for a file evald runs as code (owner, who else may write it)
 
 May import: contracts. (Neither the intake nor the pipeline: both build on this.)
 """

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from evald.contracts.wire_fields import preview
+from evald.files.ownership import why_untrusted
 
 log = logging.getLogger("evald.intake.trust")
 
@@ -94,11 +95,7 @@ def run_file(path: Path, info: os.stat_result) -> Source:
 
 
 def _owned_and_closed(info: os.stat_result, what: str) -> str | None:
-    if info.st_uid not in (os.getuid(), 0):
-        return f"{what} is owned by uid {info.st_uid}, not by evald's uid {os.getuid()}"
-    if info.st_mode & 0o022:
-        return f"group or others can write {what} (mode {oct(info.st_mode & 0o777)})"
-    return None
+    return why_untrusted(info, what)   # the one rule for whatever names code (evald.files.ownership)
 
 
 REFUSAL_LOG_INTERVAL_S = 10.0

@@ -48,11 +48,13 @@ from evald.ledger.schema import (  # noqa: F401 - the row types and states are t
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
 T = TypeVar("T")
+BUSY_TIMEOUT_S = 5.0   # sqlite waits this long for another process's lock, then disk_full's wait takes over
 
 
 def durable(method: Callable[..., T]) -> Callable[..., T]:
     """A public method of the ledger: one transaction (or one read), run again whole while the disk
-    is full (evald.ledger.disk_full); the failed attempt is rolled back first."""
+    is full or another process holds the ledger locked (evald.ledger.disk_full); the failed attempt is
+    rolled back first."""
     @functools.wraps(method)
     def call(self: "Ledger", *args: Any, **kwargs: Any) -> T:
         return self.disk.retry(f"the ledger {self.path}", lambda: method(self, *args, **kwargs),
@@ -72,7 +74,7 @@ class Ledger:
         self.disk.retry(f"the ledger {self.path}", self._open, cleanup=self.close)
 
     def _open(self) -> None:
-        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self._db = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_S)
         version = self._db.execute("PRAGMA user_version").fetchone()[0]   # before anything is written
         has_tables = self._db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
         if version != SCHEMA_VERSION and (version != 0 or has_tables):

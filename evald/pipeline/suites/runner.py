@@ -21,7 +21,7 @@ fails with that reason; lm-eval would otherwise take the argmax over NaN (choice
 plain accuracy. The per-sample records are checked, and the adapter's own count of non-finite
 scores backs them (a task whose records drop its responses is caught as well).
 
-May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset modules.
+May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset, task_files modules.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import numpy as np
 
 from evald.config.options import SuiteOptions
 from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.suites.task_files import task_manager
 from evald.pipeline.subset import select_subset
 from evald.pipeline.suites.tokenizer import Tokenizer, tokenizer_hash
 
@@ -175,27 +176,6 @@ class SuiteRunner:
             raise NonFiniteScores(self.name, broken, nonfinite)
         return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
                            self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
-
-
-_TASK_MANAGERS: dict[tuple, Any] = {}
-
-
-def task_manager(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
-    """lm-eval's TaskManager for these local YAMLs; lm-eval's own ~15,000 tasks are indexed (seconds)
-    only when a task is not among the local ones. One per process and include path."""
-    from lm_eval.tasks import TaskManager
-
-    if include_path:
-        key = (include_path, False)
-        if key not in _TASK_MANAGERS:
-            _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path), include_defaults=False)
-        local = _TASK_MANAGERS[key]
-        if all(t in local.all_tasks for t in tasks):
-            return local
-    key = (include_path, True)
-    if key not in _TASK_MANAGERS:
-        _TASK_MANAGERS[key] = TaskManager(include_path=list(include_path) or None)
-    return _TASK_MANAGERS[key]
 
 
 def _aggregates(result: Mapping[str, Any]) -> dict[str, float]:

@@ -20,8 +20,10 @@ May import: contracts (and the pipeline's own factories module).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
@@ -97,10 +99,36 @@ def adapt(obj: Any, where: str = "the tokenizer factory") -> Tokenizer:
                                  f"return an object with encode(text), decode(ids) and eos_id (or a Hugging "
                                  f"Face-style tokenizer)")
     if isinstance(getattr(obj, "eos_id", None), int):
-        return obj
-    if hasattr(obj, "eos_token_id"):
-        return HFTokenizer(obj)
-    raise TokenizerError(f"{where} returned {type(obj).__name__}, which has neither eos_id nor eos_token_id")
+        tokenizer: Tokenizer = obj
+        encode = obj.encode
+    elif hasattr(obj, "eos_token_id"):
+        tokenizer = HFTokenizer(obj)
+        encode = functools.partial(obj.encode, add_special_tokens=False)
+    else:
+        raise TokenizerError(f"{where} returned {type(obj).__name__}, which has neither eos_id nor eos_token_id")
+    _check_output(type(obj).__name__, encode, tokenizer.decode, where)
+    return tokenizer
+
+
+def _check_output(name: str, encode: Any, decode: Any, where: str) -> None:
+    """TokenizerError naming ``where`` unless ``encode`` gives integer ids and ``decode`` a string: found at
+    start, not as "invalid literal for int()" when a suite is built."""
+    try:
+        ids = list(encode(PROBE_TEXT))
+    except Exception as exc:  # noqa: BLE001 - whatever the factory's object raises
+        raise TokenizerError(f"{where} returned {name}, whose encode(text) raised {exc!r}") from None
+    wrong = next((i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)), None)
+    if wrong is not None or not ids:
+        raise TokenizerError(f"{where} returned {name}, whose encode(text) gives "
+                             f"{'nothing' if not ids else f'{type(wrong).__name__} items such as {wrong!r}'}, not "
+                             f"integer token ids; return a tokenizer whose encode(text) returns a list of ints")
+    try:
+        text = decode([int(i) for i in ids])
+    except Exception as exc:  # noqa: BLE001
+        raise TokenizerError(f"{where} returned {name}, whose decode(ids) raised {exc!r}") from None
+    if not isinstance(text, str):
+        raise TokenizerError(f"{where} returned {name}, whose decode(ids) gives {type(text).__name__}, not str; "
+                             f"return a tokenizer whose decode(ids) returns text")
 
 
 def build_tokenizer(spec: FactorySpec | None) -> Tokenizer:
