@@ -29,7 +29,7 @@ STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
 class ReadOnlyLedger(Ledger):
     """The ledger's read methods on a read-only connection (no schema creation, no migration)."""
 
-    def __init__(self, path: Path) -> None:  # noqa: super().__init__ would create the schema
+    def __init__(self, path: Path) -> None:  # not super().__init__, which would create the schema
         self.path = Path(path)
         self.disk = DiskWait()   # reads: a full disk does not stop them, but the methods share one wrapper
         mode = "ro" if Path(f"{path}-wal").exists() else "ro&immutable=1"

@@ -244,7 +244,7 @@ class Server:
         held = len(self.locks)
         try:
             self.attach(Path(message.ckpt_dir))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever the message named
             if self.run is not None:  # made before what failed: its watcher and ledger are closed again
                 self.run.close()
             for lock in self.locks[held:]:

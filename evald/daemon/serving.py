@@ -192,5 +192,5 @@ class Serving:
         log.info("serving: %s", describe(self.stats.snapshot(self.queue.depth())))
         try:
             self.report(force=True)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the ledger may be closed already
             log.debug("the last serve/* record was not written", exc_info=True)

@@ -119,7 +119,7 @@ class Intake:
         try:
             return recognise(self.ckpt_dir, name, steps_per_epoch=self.config.foreign_steps_per_epoch,
                              settle_s=tuning.foreign_settle_s, now=now)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a file must never crash-loop evald (docs/security.md)
             log.exception("examining %r raised unexpectedly; it is rejected", name)
             return Rejected(name, None, f"examining it raised {exc!r:.300}")
 

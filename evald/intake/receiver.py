@@ -205,7 +205,7 @@ class Receiver:
                     self._read_monitor()
                 if self._socket in ready:
                     self._read_frames()
-            except Exception:
+            except Exception:  # noqa: BLE001 - the thread must outlive anything a frame can cause
                 if self._stop.is_set():
                     return
                 self.errors += 1

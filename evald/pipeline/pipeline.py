@@ -195,7 +195,7 @@ class Pipeline:
             if spec is not None:
                 check_allowed(spec, "tokenizer", config.factory_allow)
             tokenizer = build_tokenizer(spec)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a bad tokenizer blocks the suites, not the validation
             for name in config.suites:
                 self.suite_errors[name] = f"cannot build the tokenizer: {exc}"
             log.error("benchmark suites not run: cannot build the tokenizer: %s", exc)
@@ -216,7 +216,7 @@ class Pipeline:
                                                                  batch_size=options.batch_size), ranks)
                 self.suites[name] = SuiteRunner(name, options, self.evaluator.network, tokenizer,  # type: ignore
                                                 network_identity=network_identity, scorer=scorer)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
                 self.suite_errors[name] = f"cannot build suite {name}: {exc}"
                 log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],
                           exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))

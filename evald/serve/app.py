@@ -153,7 +153,7 @@ def build_app(ctx: Context) -> Starlette:
                                   f"({', '.join(ROLES)}) and a string content", "messages")
         try:
             prompt = template([{"role": m["role"], "content": m["content"]} for m in messages])
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the user's template raising is a bad request, not a crash
             raise BadRequest(400, f"the chat template could not render these messages: {exc}", "messages") from None
         completion = parse_completion(body, tokenizer=ctx.tokenizer, limits=options, window=window(),
                                       run_name=ctx.runner.run_name, prompt=prompt, chat=True)

@@ -84,7 +84,7 @@ class HttpThread:
     def _run(self) -> None:
         try:
             self.server.run(sockets=[self.sock])
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported by failure(), the main loop stops evald
             self._error = exc
 
     def start(self, timeout: float = 30.0) -> None:

@@ -115,7 +115,7 @@ class Runner:
                 try:
                     self._swap(step)
                     self.stats.swaps += 1
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a bad or deleted checkpoint fails this job, not evald
                     log.warning("serving step %d: swapping it in failed: %s", step, exc)
                     self._fail(job, BadRequest(410, f"step {step} could not be loaded: {exc}"))
                     catalog = self.publish()
@@ -182,7 +182,7 @@ class Runner:
             after = self._held()
             if after is None or after != before:
                 raise MixedWeights(f"the weights changed while a request ran ({before} -> {after})")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its answer, never evald's crash
             if len(runnable) > 1:   # find which request it was: each alone
                 return sum(self._run_alone(job, scorer, before) for job in runnable)
             self._failed(runnable[0], exc)
@@ -201,7 +201,7 @@ class Runner:
             choices = engine.run(scorer, self.tokenizer, job.request)
             if self._held() != before:
                 raise MixedWeights(f"the weights changed while a request ran ({before} -> {self._held()})")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - as above
             self._failed(job, exc)
             return 1
         self.stats.ran(started - job.queued_at, time.monotonic() - started, job.request.prompt_tokens,

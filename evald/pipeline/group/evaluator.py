@@ -80,7 +80,7 @@ def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: st
             # rank 0's alone go into the SUM
     except EvaluationInterrupted:
         raise  # a forced shutdown: no answer; msrun ends the other ranks
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every rank must answer, whatever happened to it
         code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
         text, error = str(exc) if code != ERROR else repr(exc), exc
         if code == ERROR:
@@ -101,7 +101,7 @@ class GroupEvaluator:
         code, text, error = OK, "", None
         try:
             self.local = build_local(spec, (group.rank, group.size))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the other ranks wait for this rank's answer
             code, text, error = ERROR, f"{type(exc).__name__}: {exc}", exc
         statuses, _ = group.answer(code, text)
         if error is not None:
@@ -192,7 +192,7 @@ def follow(group: Group) -> int:
             evaluator, code, text = None, OK, ""
             try:
                 evaluator = build_local(payload, (group.rank, group.size))  # type: ignore[arg-type]
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - rank 0 waits for this answer
                 log.exception("rank %d: building the evaluation network failed", group.rank)
                 code, text = ERROR, f"{type(exc).__name__}: {exc}"
             group.answer(code, text)

@@ -56,7 +56,7 @@ def score_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, 
         for i, scores in zip(mine, scorer.score([requests[i] for i in mine])):
             arrays["logprobs"][offsets[i]:offsets[i + 1]] = scores.logprobs
             arrays["greedy"][offsets[i]:offsets[i + 1]] = scores.greedy
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every rank must answer
         log.exception("rank %d: scoring its share of a suite's requests raised", group.rank)
         code, text = ERROR, repr(exc)
     statuses, combined = group.answer(code, text, arrays, layout)
@@ -79,7 +79,7 @@ def generate_share(scorer: TokenScorer | None, group: Group, payload: Mapping[st
         for i, ids in zip(mine, scorer.generate([requests[i] for i in mine], eos_id=payload.get("eos_id"))):
             arrays["tokens"][i, :len(ids)] = ids
             arrays["lengths"][i] = len(ids)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every rank must answer
         log.exception("rank %d: generating its share of a suite's requests raised", group.rank)
         code, text = ERROR, repr(exc)
     return group.answer(code, text, arrays, layout)
