@@ -4,7 +4,7 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (when the tokeni
 template), ``GET /v1/models``, and the tokenizer routes lm-eval's ``tokenizer_backend=remote`` uses
 (``GET /tokenizer_info``, ``POST /tokenize``, ``POST /detokenize``), so lm-eval tokenizes exactly as
 evald does, offline. ``GET /health`` is ``ok`` whenever a request can be answered: the window is known
-and a step is servable (held now, or evaluated and on disk); else it says why not.
+and a step is servable (held now, or evaluated and on disk); else 503 saying why not.
 
 A handler reads the body (at most ``serve.max_body_bytes``, within ``serve.header_timeout_s``),
 validates and tokenizes it (evald.serve.requests), queues a job (429 with ``Retry-After`` when the
@@ -196,7 +196,7 @@ def build_app(ctx: Context) -> Starlette:
                 "servable": list(catalog.steps[-100:]), "queue_depth": ctx.queue.depth()}
         if why is not None:
             body["error"] = why
-        return JSONResponse(body)
+        return JSONResponse(body, 200 if why is None else 503)   # 503: a readiness probe (curl -f) waits
 
     @handler
     async def tokenizer_info(request: Request) -> JSONResponse:
