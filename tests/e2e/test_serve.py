@@ -56,6 +56,10 @@ def _provenance(ckpt: Path, step: int) -> str:
         ledger.close()
 
 
+def _flat(rows: list[list[float]]) -> list[float]:
+    return [value for row in rows for value in row]
+
+
 def _echo(client, model: str, prompt: str) -> httpx.Response:
     return client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 0, "echo": True,
                                                 "logprobs": 1, "temperature": 0})
@@ -120,7 +124,7 @@ def test_lm_eval_and_the_openai_client_against_evald_serve(tmp_path, endpoints, 
                 assert http["results"][metric] == pytest.approx(mine[metric], rel=1e-6), (task, metric)
         expected = [[r[0][0] if isinstance(r[0], (list, tuple)) else r[0] for r in sample["resps"]]
                     for sample in local["samples"][task]]
-        assert http["loglikelihoods"] == pytest.approx(expected, rel=1e-6), task
+        assert _flat(http["loglikelihoods"]) == pytest.approx(_flat(expected), rel=1e-6), task
     assert "bits_per_byte,none" in served["bpb_email"]["results"]
 
     status = subprocess.run([PYTHON, "-m", "evald", "status", "--ckpt-dir", str(ckpt)], env=_client_env(),
