@@ -1,5 +1,5 @@
 """Generated request bodies through every HTTP route (issue 27, the property test's HTTP half): whatever the
-nesting, numbers and unicode, every answer is JSON with a status evald means (never a plain-text 500), no
+nesting, numbers and unicode, and on weights that give NaN too (step 30), every answer is JSON with a status evald means (never a plain-text 500), no
 traceback is logged, and each comes back within the client's timeout."""
 
 from __future__ import annotations
@@ -32,12 +32,20 @@ numbers = st.one_of(st.integers(min_value=-2 ** 70, max_value=2 ** 70), st.float
                     st.sampled_from([0, 1, -1, 5e-324, 1e-5, 2, 2 ** 63, 10 ** 30, 0.5, 1e308]))
 texts = st.text(max_size=40)   # any unicode, surrogates excluded by JSON encoding in json.dumps(ensure_ascii)
 scalars = st.one_of(st.none(), st.booleans(), numbers, texts,
-                    st.sampled_from(["unit@10", "unit@20", "unit@latest", "unit@\u0662\u0665", "unit@10\n",
+                    st.sampled_from(["unit@10", "unit@20", "unit@30", "unit@30", "unit@latest", "unit@\u0662\u0665", "unit@10\n",
                                      "other@1", "user", "assistant"]))
 values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=6),
                                                          st.dictionaries(st.sampled_from(FIELDS) | texts, inner,
                                                                          max_size=5)), max_leaves=30)
-bodies = st.one_of(st.dictionaries(st.sampled_from(FIELDS), values, max_size=8), values)
+models = st.sampled_from(["unit@10", "unit@20", "unit@30", "unit@latest", "unit@\u0662\u0665", "unit@10\n", "x@1"])
+completions = st.fixed_dictionaries(   # mostly valid requests, so the network really runs (step 30: NaN weights)
+    {"model": models, "prompt": st.one_of(st.text(min_size=1, max_size=30),
+                                          st.lists(st.integers(min_value=-1, max_value=300), min_size=1, max_size=66))},
+    optional={"max_tokens": st.integers(min_value=-1, max_value=5), "echo": st.booleans(),
+              "logprobs": st.one_of(st.none(), st.integers(min_value=0, max_value=6)),
+              "temperature": st.sampled_from([0, 0.7, 5e-324, 1e-5, 2, 3]), "n": st.integers(min_value=0, max_value=3),
+              "seed": st.integers(min_value=-1, max_value=2 ** 64), "stop": st.one_of(texts, st.lists(texts, max_size=5))})
+bodies = st.one_of(st.dictionaries(st.sampled_from(FIELDS), values, max_size=8), values, completions)
 raw = st.one_of(bodies.map(lambda b: json.dumps(b).encode()), st.binary(max_size=200),
                 st.integers(min_value=1, max_value=3000).map(lambda depth: b"[" * depth + b"]" * depth),
                 st.sampled_from([b'{"prompt": "a", "temperature": NaN}', b'{"prompt": "a", "n": 1e999}',
@@ -61,7 +69,9 @@ def served():
     for logger in loggers:
         logger.addHandler(handler)
     with demo_network_in_graph_mode(seed=2) as net:
-        rig = Rig(net, OPTIONS, {10: snapshot(net, 1), 20: snapshot(net, 2)})
+        broken = snapshot(net, 3)
+        broken[next(k for k in broken if "tok" in k)][:] = float("nan")   # step 30: weights that give NaN
+        rig = Rig(net, OPTIONS, {10: snapshot(net, 1), 20: snapshot(net, 2), 30: broken})
         rig.swap(10)
         try:
             with Loop(rig), httpx.Client(base_url=rig.url, timeout=120) as client:
