@@ -41,9 +41,9 @@ models = st.sampled_from(["unit@10", "unit@20", "unit@30", "unit@latest", "unit@
 completions = st.fixed_dictionaries(   # mostly valid requests, so the network really runs (step 30: NaN weights)
     {"model": models, "prompt": st.one_of(st.text(min_size=1, max_size=30),
                                           st.lists(st.integers(min_value=-1, max_value=300), min_size=1, max_size=66))},
-    optional={"max_tokens": st.integers(min_value=-1, max_value=5), "echo": st.booleans(),
+    optional={"max_tokens": st.integers(min_value=0, max_value=4), "echo": st.booleans(),
               "logprobs": st.one_of(st.none(), st.integers(min_value=0, max_value=6)),
-              "temperature": st.sampled_from([0, 0.7, 5e-324, 1e-5, 2, 3]), "n": st.integers(min_value=0, max_value=3),
+              "temperature": st.sampled_from([0, 0.7, 5e-324, 1e-5, 2, 3]), "n": st.integers(min_value=1, max_value=2),
               "seed": st.integers(min_value=-1, max_value=2 ** 64), "stop": st.one_of(texts, st.lists(texts, max_size=5))})
 bodies = st.one_of(st.dictionaries(st.sampled_from(FIELDS), values, max_size=8), values, completions)
 raw = st.one_of(bodies.map(lambda b: json.dumps(b).encode()), st.binary(max_size=200),
@@ -93,4 +93,17 @@ def test_any_body_on_any_route_gets_json_and_a_status_evald_means(served, route,
     parsed = answer.json()
     if answer.status_code >= 400 and path != "/health":
         assert isinstance(parsed["error"]["message"], str) and parsed["error"]["message"]
+    assert not tracebacks.records, [r.getMessage() for r in tracebacks.records]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=completions)
+def test_completion_bodies_get_json_whatever_the_weights_give(served, body):
+    """Mostly valid completions, on healthy weights and on weights that give NaN (step 30)."""
+    client, tracebacks = served
+    answer = client.post("/v1/completions", json=body)
+    assert answer.status_code in STATUSES, (body, answer.status_code, answer.text[:300])
+    assert answer.headers["content-type"] == "application/json", (body, answer.text[:300])
+    if answer.status_code == 500:
+        assert "step 30" in answer.json()["error"]["message"]
     assert not tracebacks.records, [r.getMessage() for r in tracebacks.records]
