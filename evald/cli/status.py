@@ -200,7 +200,11 @@ def render(info: dict[str, Any]) -> str:
                      f"(evald status --step N shows them)")
     serving = info.get("serving")
     if serving:
-        lines.append(f"serving      {serving.get('url', '-')}: {serving['served']:.0f} requests served, "
+        where = serving.get("url", "-")
+        if serving.get("stopped_at"):   # the endpoint stopped with evald: its URL answers nothing now
+            where = (f"stopped {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(serving['stopped_at']))} "
+                     f"(was {where})")
+        lines.append(f"serving      {where}: {serving['served']:.0f} requests served, "
                      f"{serving['refused']:.0f} refused, {serving['busy']:.0f} busy (429), "
                      f"{serving['timed_out']:.0f} timed out; wait mean {serving['wait_s_mean']:.3f} s, "
                      f"max {serving['wait_s_max']:.3f} s; queue {serving['queue_depth']:.0f}; "

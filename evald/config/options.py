@@ -107,6 +107,10 @@ class ServeOptions:
                                  "limit_concurrency)", kind="int", min=1, max=100000)
     report_every_s: float = opt(10.0, "seconds between serve/* TensorBoard points (one ledger transaction "
                                 "each)", kind="float", min=0.1, max=86400)
+    max_length: int | None = opt(None, "the served window in tokens (default: the network's max_length, "
+                                 "seq_length, seq_len or max_position_embeddings attribute, else the suites' "
+                                 "max_length, the smallest); set it for a network without one", kind="int",
+                                 min=2, max=1 << 20)
 
     def __post_init__(self) -> None:
         host = self.listen.rpartition(":")[0].strip("[]") if self.listen else None
@@ -142,6 +146,9 @@ class SuiteOptions:
                                  "seq_len or max_position_embeddings)", kind="int", min=2)
     max_gen_toks: int = opt(256, "generate_until's default new-token limit (a task's max_gen_toks wins)",
                             kind="int", min=1, max=65536)
+    prefix_token: int | None = opt(None, "token id put before a rolling window's first token and before an "
+                                   "empty context (default: lm-eval's convention, the tokenizer's BOS, else "
+                                   "its EOS); part of the suite's identity", kind="int", min=0)
 
     def __post_init__(self) -> None:
         if not self.tasks:

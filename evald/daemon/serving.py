@@ -7,7 +7,9 @@ Then, on evald's main thread:
 * ``between_batches()`` (from the pipeline's ``should_abort``, between two evaluation batches) runs
   queued jobs for the step under evaluation for at most ``serve.budget_s``, never swapping;
 * ``on_tick()`` (each loop turn) builds the scorer once the network exists (its buckets compiled
-  at once), refreshes the servable steps (evaluated and still on disk), runs queued jobs for at most
+  at once; its window is ``serve.max_length``, else the network's max_length-like attribute, else the
+  suites' ``max_length``, the smallest; without any, or when the scorer cannot be built, one ERROR says
+  what to set, requests get 503 saying it and evaluation goes on), refreshes the servable steps (evaluated and still on disk), runs queued jobs for at most
   ``serve.budget_s`` (swapping in a pinned or the newest step if needed), and writes a ``serve/*``
   TensorBoard record and ``evald status``'s numbers every ``serve.report_every_s`` (one ledger
   transaction each, never one per request).
@@ -31,7 +33,7 @@ from typing import Any
 
 from evald.config import EvaldConfig
 from evald.ledger.ledger import EVALUATED, Ledger, Record
-from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.suites.scoring import TokenScorer, model_max_length
 from evald.pipeline.suites.tokenizer import Tokenizer, build_tokenizer
 from evald.serve.app import Context, build_app
 from evald.serve.http_thread import HttpThread, ServeError
@@ -80,8 +82,12 @@ class Serving:
         self.stats = ServeStats()
         self.scorer: TokenScorer | None = None
         self._scored_network: Any = None
+        self._window_sources = {"serve.max_length": options.max_length, "the suites' max_length": min(
+            (suite.max_length for suite in (config.suites or {}).values() if suite.max_length), default=None)}
         self.ledger: Ledger | None = None
         self.ckpt_dir: Path | None = None
+        self.run_dir: Path | None = None
+        self._stopped = False
         self._steps: tuple[int, ...] = ()
         self._steps_at = 0.0
         self.runner = Runner(self.queue, self.stats, run="evald", tokenizer=self.tokenizer,
@@ -100,7 +106,7 @@ class Serving:
         self.http.start()
 
     def attach(self, run_name: str, run_dir: Path, ckpt_dir: Path, ledger: Ledger) -> None:
-        self.runner.run_name, self.ledger, self.ckpt_dir = run_name, ledger, ckpt_dir
+        self.runner.run_name, self.ledger, self.ckpt_dir, self.run_dir = run_name, ledger, ckpt_dir, run_dir
         state = ledger.get_state(SERVE_STATE, {}) or {}
         self._seq = int(state.get("seq", 0))
         path = run_dir / SERVE_FILE
@@ -133,18 +139,49 @@ class Serving:
             self._steps = tuple(row.step for row in self.ledger.steps(EVALUATED)
                                 if (self.ckpt_dir / row.source).exists())
 
+    def window_of(self, network: Any) -> tuple[int, str] | None:
+        """The served window and where it comes from: serve.max_length, the network's attribute, the suites'."""
+        if self._window_sources["serve.max_length"]:
+            return self._window_sources["serve.max_length"], "serve.max_length"
+        own = model_max_length(network)
+        if own:
+            return own, f"the {type(network).__name__} network's own attribute"
+        suites = self._window_sources["the suites' max_length"]
+        return (suites, "the suites' max_length") if suites else None
+
     def _ensure_scorer(self) -> None:
         network = getattr(self.pipeline, "network", None)
         if network is None or network is self._scored_network:
             return
+        self._scored_network = network   # tried once per network: a failure is said once, not every turn
+        self.scorer, self.context.window, self.context.unavailable = None, None, None
+        window = self.window_of(network)
+        if window is None:
+            self._unavailable(f"serving is off: evald cannot tell the window of the {type(network).__name__} "
+                              f"network (it has no max_length, seq_length, seq_len or max_position_embeddings "
+                              f"attribute); set serve.max_length (e.g. --serve '{{\"listen\": "
+                              f"\"{self.options.listen}\", \"max_length\": 2048}}') or a suite's max_length, "
+                              f"and start evald again. Checkpoints are still evaluated")
+            return
         started = time.monotonic()
-        self.scorer = TokenScorer(network, batch_size=self.options.batch_size,
-                                  top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
-        self.scorer.warm_up(generate=False)  # every bucket compiled now, never at a request or a swap
-        self._scored_network = network
-        self.context.window = self.scorer.max_length
-        log.info("serving: %d graphs compiled in %.1fs (buckets %s)", self.scorer.compiled_graphs,
-                 time.monotonic() - started, list(self.scorer.lengths))
+        try:
+            scorer = TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
+                                 top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
+            scorer.warm_up(generate=False)  # every bucket compiled now, never at a request or a swap
+        except Exception as exc:  # noqa: BLE001 - serving is off, evaluation goes on
+            log.debug("the serving scorer failed", exc_info=True)
+            self._unavailable(f"serving is off: the network cannot run a window of {window[0]} tokens (from "
+                              f"{window[1]}): {str(exc)[:500]}; set serve.max_length to the model's window and "
+                              f"start evald again. Checkpoints are still evaluated")
+            return
+        self.scorer = scorer
+        self.context.window = scorer.max_length
+        log.info("serving: window %d tokens (from %s), %d graphs compiled in %.1fs (buckets %s)", scorer.max_length,
+                 window[1], scorer.compiled_graphs, time.monotonic() - started, list(scorer.lengths))
+
+    def _unavailable(self, why: str) -> None:
+        self.context.unavailable = why
+        log.error("%s", why)
 
     # -- the loop's calls ----------------------------------------------------------------------------
     def pending(self) -> bool:
@@ -175,21 +212,31 @@ class Serving:
             return
         self._reported_at = now
         snap = self.stats.snapshot(self.queue.depth())
-        if snap == self._reported:
+        if snap == self._reported and not self._stopped:
             return
         self._reported = snap
         self._seq += 1
         record = Record("serve", self._seq, time.time(), {f"serve/{k}": v for k, v in snap.items()}, {})
-        self.ledger.add_records([record], kv={SERVE_STATE: dict(snap, seq=self._seq, url=self.http.url,
-                                                                at=time.time())})
+        state = dict(snap, seq=self._seq, url=self.http.url, at=time.time(), pid=os.getpid())
+        if self._stopped:
+            state["stopped_at"] = time.time()
+        self.ledger.add_records([record], kv={SERVE_STATE: state})
 
     def check_alive(self) -> str | None:
         """None, or why the HTTP thread is dead."""
         return None if self.http.is_alive() else (self.http.failure() or "it stopped")
 
     def close(self) -> None:
+        """Stop the endpoint; serve.json goes, and `evald status` says serving stopped (not a dead URL)."""
         self.http.stop()
         log.info("serving: %s", describe(self.stats.snapshot(self.queue.depth())))
+        if self.run_dir is not None:
+            try:
+                (self.run_dir / SERVE_FILE).unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("serving: %s could not be removed (%s); it names a stopped endpoint",
+                            self.run_dir / SERVE_FILE, exc)
+        self._stopped = True
         try:
             self.report(force=True)
         except Exception:  # noqa: BLE001 - the ledger may be closed already

@@ -3,12 +3,14 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (when the tokenizer has a chat
 template), ``GET /v1/models``, and the tokenizer routes lm-eval's ``tokenizer_backend=remote`` uses
 (``GET /tokenizer_info``, ``POST /tokenize``, ``POST /detokenize``), so lm-eval tokenizes exactly as
-evald does, offline. ``GET /health`` says whether a checkpoint is in the network.
+evald does, offline. ``GET /health`` is ``ok`` whenever a request can be answered: the window is known
+and a step is servable (held now, or evaluated and on disk); else 503 saying why not.
 
 A handler reads the body (at most ``serve.max_body_bytes``, within ``serve.header_timeout_s``),
 validates and tokenizes it (evald.serve.requests), queues a job (429 with ``Retry-After`` when the
 queue is full) and awaits its answer (503 after ``serve.request_timeout_s``). It never touches
-MindSpore. Every error is a JSON ``{"error": {...}}`` with a 4xx/5xx status saying what to change.
+MindSpore. Every error is a JSON ``{"error": {...}}`` with a 4xx/5xx status saying what to change, an
+unforeseen one too (a JSON 500, logged with its traceback).
 
 May import: serve.jobs, serve.requests, serve.responses, serve.schedule, pipeline (tokenizer).
 """
@@ -28,10 +30,11 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from evald.config import ServeOptions
-from evald.pipeline.suites.tokenizer import Tokenizer
+from evald.pipeline.suites.tokenizer import Tokenizer, bos_id
 from evald.serve import responses
 from evald.serve.jobs import JobQueue, QueueFull, ServeStats
-from evald.serve.requests import BadRequest, Completion, parse_completion, parse_json
+from evald.serve.requests import (BadRequest, Completion, check_ids, lm_eval_max_length, parse_completion,
+                                  parse_json, vocab_size)
 from evald.serve.schedule import Answer, Runner
 
 log = logging.getLogger("evald.serve")
@@ -41,7 +44,8 @@ ROLES = ("system", "user", "assistant", "developer")
 
 @dataclass
 class Context:
-    """What the handlers need; ``window`` (the model's longest input) is set once the scorer is built."""
+    """What the handlers need; ``window`` (the model's longest input) is set once the scorer is built, and
+    ``unavailable`` says why nothing can be served when evald knows it never will be (no window)."""
 
     options: ServeOptions
     tokenizer: Tokenizer
@@ -50,6 +54,7 @@ class Context:
     runner: Runner
     token: str | None = None
     window: int | None = None
+    unavailable: str | None = None
 
 
 def chat_template(tokenizer: Tokenizer) -> Callable[[list[dict]], str] | None:
@@ -114,10 +119,18 @@ def build_app(ctx: Context) -> Starlette:
                                   f"(serve.request_timeout_s): the network was busy, or the requested step "
                                   f"could not be put in it", outcome="timed_out") from None
 
-    def window() -> int:
+    def not_ready() -> str | None:
+        if ctx.unavailable is not None:
+            return ctx.unavailable
         if ctx.window is None:
-            raise BadRequest(503, "the evaluation network is not built yet (evald learns the model from "
-                                  "--model-factory or the trainer's announcement); try again")
+            return ("the evaluation network is not built yet (evald learns the model from --model-factory or "
+                    "the trainer's announcement); try again")
+        return None
+
+    def window() -> int:
+        why = not_ready()
+        if why is not None or ctx.window is None:
+            raise BadRequest(503, why or "no window")
         return ctx.window
 
     def handler(fn: Callable) -> Callable:
@@ -128,6 +141,10 @@ def build_app(ctx: Context) -> Starlette:
             except BadRequest as exc:   # counted here only, whoever raised it (the runner sets it on the job)
                 ctx.stats.count(exc.outcome)
                 return _error(exc)
+            except Exception as exc:  # noqa: BLE001 - a bug answers a JSON 500 and is logged, never plain text
+                log.error("the HTTP endpoint failed on %s %s", request.method, request.url.path, exc_info=exc)
+                ctx.stats.count("failed")
+                return _error(BadRequest(500, f"the request failed in evald: {type(exc).__name__}"))
         return wrapped
 
     @handler
@@ -172,15 +189,24 @@ def build_app(ctx: Context) -> Starlette:
     @handler
     async def health(request: Request) -> JSONResponse:
         catalog = ctx.runner.catalog
-        return JSONResponse({"ok": catalog.held is not None, "run": catalog.run,
-                             "evald": catalog.held.body() if catalog.held else None,
-                             "queue_depth": ctx.queue.depth()})
+        why = not_ready()
+        if why is None and catalog.held is None and not catalog.steps:
+            why = "no step is servable yet: none is evaluated and on disk"
+        body = {"ok": why is None, "run": catalog.run, "evald": catalog.held.body() if catalog.held else None,
+                "servable": list(catalog.steps[-100:]), "queue_depth": ctx.queue.depth()}
+        if why is not None:
+            body["error"] = why
+        return JSONResponse(body, 200 if why is None else 503)   # 503: a readiness probe (curl -f) waits
 
     @handler
     async def tokenizer_info(request: Request) -> JSONResponse:
         eos = ctx.tokenizer.decode([ctx.tokenizer.eos_id])
-        info: dict[str, Any] = {"eos_token": eos, "bos_token": None, "pad_token": None,
-                                "model_max_length": window() + 1}
+        bos = bos_id(ctx.tokenizer)
+        size = window()
+        info: dict[str, Any] = {"eos_token": eos, "bos_token": None if bos is None else ctx.tokenizer.decode([bos]),
+                                "pad_token": None, "model_max_length": size + 1,
+                                "evald": {"window": size, "eos_id": ctx.tokenizer.eos_id, "bos_id": bos,
+                                          "lm_eval_max_length": lm_eval_max_length(size)}}
         inner = getattr(ctx.tokenizer, "inner", ctx.tokenizer)
         if isinstance(getattr(inner, "chat_template", None), str):
             info["chat_template"] = inner.chat_template
@@ -193,15 +219,17 @@ def build_app(ctx: Context) -> Starlette:
         if not isinstance(prompt, str) or len(prompt) > options.max_body_bytes:
             raise BadRequest(400, "prompt must be a string", "prompt")
         tokens = [int(t) for t in ctx.tokenizer.encode(prompt)]
-        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": window() + 1})
+        return JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": window() + 1})   # echo: +1
 
     @handler
     async def detokenize(request: Request) -> JSONResponse:
         body = await body_of(request)
         tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                   for t in tokens):
+        if not isinstance(tokens, list):
             raise BadRequest(400, "tokens must be a list of token ids", "tokens")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise BadRequest(400, "tokens must be a list of token ids (integers)", "tokens")
+        check_ids(tokens, vocab_size(ctx.tokenizer), "tokens", "tokens")   # as /v1/completions refuses them
         return JSONResponse({"prompt": ctx.tokenizer.decode(tokens)})
 
     routes = [Route("/v1/completions", completions, methods=["POST"]),

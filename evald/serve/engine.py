@@ -1,19 +1,25 @@
-"""Run one validated Completion on the compiled network through a TokenScorer; the main thread calls this.
+"""Run the rows of validated Completions on the compiled network through a TokenScorer; the main thread calls this.
 
-Every step of generation is one ``TokenScorer.score`` call over all rows still running (``run_many``: the
-rows of several requests for the same weights, which then share forward passes): a row's tokens
-so far plus a placeholder target, so that the last position's top-k (the scorer's ``top_k``) is the
-next token's distribution. The same call gives, at every earlier position, the prompt tokens'
-log-probabilities (``echo``), so lm-eval's ``echo, max_tokens=1`` request is one forward pass.
+A request is ``rows_of`` it: one row per prompt and choice (``n``), in OpenAI's order. ``run_rows`` runs
+a set of rows to their end, each step of generation one ``TokenScorer.score`` call over all rows still
+running: a row's tokens so far plus a placeholder target, so that the last position's top-k (the
+scorer's ``top_k``) is the next token's distribution. The same call gives, at every earlier position,
+the prompt tokens' log-probabilities (``echo``), so lm-eval's ``echo, max_tokens=1`` request is one
+forward pass. The scheduler (evald.serve.schedule) runs a big request's rows in slices of
+``serve.batch_size`` rows; no row's result depends on which rows share its forward passes (the
+scorer's padding invariance) nor on the slice it ran in (each row has its own generator).
 
 * ``temperature == 0``: the most likely token (greedy);
 * ``temperature > 0``: sampled among the scorer's top-k tokens, rescaled by the temperature, cut to the
   ``top_p`` nucleus, with ``numpy.random.default_rng((seed, prompt, choice))`` (the same seed gives the
   same tokens);
 * a row ends at the tokenizer's EOS (not included), at a stop string (cut from the text), at
-  ``max_tokens``, or when it fills the model's window (finish_reason ``length``).
+  ``max_tokens``, or when it fills the model's window (finish_reason ``length``). A prompt of window + 1
+  tokens (echo only: its last token is scored, never fed) still gets one token, predicted from its last
+  ``window`` tokens: lm-eval's ``max_tokens=1`` log-likelihood requests read the prompt's values only.
 
-No result depends on which other requests share a forward pass (the scorer's padding invariance).
+A log-probability that is not finite (weights holding NaN or Inf) is ``NonFinite``: never a number
+in an answer (JSON has none for it), never a sampled token.
 
 May import: pipeline (scoring, tokenizer), serve.requests.
 """
@@ -45,26 +51,35 @@ class Choice:
     text: str = ""                                                      # generated text, cut at a stop string
 
 
+class NonFinite(ArithmeticError):
+    """The network gave a log-probability that is NaN or infinite: its weights are broken."""
+
+
 @dataclass
-class _Row:
+class Row:
     choice: Choice
     rng: np.random.Generator
     tokens: list[int]
     request: Completion
-    owner: int              # which of the requests run together this row belongs to
     done: bool = False
 
 
 def _top(scores: TokenScores, i: int, k: int) -> list[tuple[int, float]]:
     assert scores.top_ids is not None and scores.top_logprobs is not None
-    return [(int(t), float(v)) for t, v in zip(scores.top_ids[i][:k], scores.top_logprobs[i][:k])]
+    return [(int(t), float(v)) for t, v in zip(scores.top_ids[i][:k], _finite(scores.top_logprobs[i][:k]))]
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    if not np.all(np.isfinite(values)):
+        raise NonFinite("the network gave log-probabilities that are not finite (NaN or Inf)")
+    return values
 
 
 def _pick(scores: TokenScores, request: Completion, rng: np.random.Generator) -> tuple[int, float]:
-    ids, values = scores.top_ids[-1], scores.top_logprobs[-1]   # type: ignore[index]
+    ids, values = scores.top_ids[-1], _finite(scores.top_logprobs[-1])   # type: ignore[index]
     if request.temperature == 0.0:
         return int(ids[0]), float(values[0])
-    scaled = values.astype(np.float64) / request.temperature
+    scaled = values.astype(np.float64) / request.temperature   # finite: temperature >= requests.MIN_TEMPERATURE
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     keep = int(np.searchsorted(np.cumsum(probs), request.top_p, side="left")) + 1  # the smallest nucleus
@@ -73,53 +88,69 @@ def _pick(scores: TokenScores, request: Completion, rng: np.random.Generator) ->
     return int(ids[index]), float(values[index])
 
 
+def rows_of(request: Completion) -> list[Row]:
+    """The rows of ``request`` in OpenAI's order (prompt by prompt, ``n`` each), none run yet."""
+    rows = []
+    for p, prompt in enumerate(request.prompts):
+        for j in range(request.n):
+            seed = None if request.seed is None else (request.seed, p, j)
+            row = Row(Choice(p, prompt), np.random.default_rng(seed), list(prompt), request)
+            if request.echo:
+                row.choice.prompt_logprobs, row.choice.prompt_top = [None], [None]
+            rows.append(row)
+    return rows
+
+
 def run(scorer: TokenScorer, tokenizer: Tokenizer, request: Completion) -> list[Choice]:
-    """The choices of ``request``, in OpenAI's order (prompt by prompt, ``n`` each)."""
+    """The choices of ``request``, in OpenAI's order, all rows at once."""
     return run_many(scorer, tokenizer, [request])[0]
 
 
 def run_many(scorer: TokenScorer, tokenizer: Tokenizer, requests: Sequence[Completion]) -> list[list[Choice]]:
     """Several requests in the same forward passes (each row's result does not depend on the others')."""
+    rows = [rows_of(request) for request in requests]
+    run_rows(scorer, tokenizer, [row for owned in rows for row in owned])
+    return [[row.choice for row in owned] for owned in rows]
+
+
+def _generating(row: Row, window: int) -> bool:
+    """Whether ``row`` asks for another token: below max_tokens, and its tokens still within the window
+    (a prompt of window + 1 tokens gets its first token all the same)."""
+    made = len(row.choice.tokens)
+    return made < row.request.max_tokens and (len(row.tokens) <= window or made == 0)
+
+
+def run_rows(scorer: TokenScorer, tokenizer: Tokenizer, rows: Sequence[Row]) -> None:
+    """Run ``rows`` (none run before) to their end: echo values on the first pass, then generation."""
     window = scorer.max_length
-    rows: list[_Row] = []
-    for owner, request in enumerate(requests):
-        for p, prompt in enumerate(request.prompts):
-            for j in range(request.n):
-                seed = None if request.seed is None else (request.seed, p, j)
-                row = _Row(Choice(p, prompt), np.random.default_rng(seed), list(prompt), request, owner)
-                if request.echo:
-                    row.choice.prompt_logprobs, row.choice.prompt_top = [None], [None]
-                rows.append(row)
     first = True
     while True:
-        for r in rows:   # a row's inputs are its tokens, which must fit the window
-            if not r.done and (len(r.choice.tokens) >= r.request.max_tokens or len(r.tokens) > window):
+        for r in rows:
+            if not r.done and not _generating(r, window):
                 r.done = True   # finish_reason stays "length"
         generating = [r for r in rows if not r.done]
-        echo_only = [r for r in rows if r.done and first and r.request.echo]
-        if not generating and not echo_only:
+        asked: list[tuple[Row, ScoreRequest, str]] = []
+        for r in generating:   # the last `window` tokens are the inputs; the placeholder's top-k is read
+            fed = r.tokens[-window:]
+            asked.append((r, ScoreRequest(fed[:1], fed[1:] + [PLACEHOLDER]), "next"))
+        if first:   # echo: the prompt's values, from the generation pass when the whole prompt is in it
+            asked += [(r, ScoreRequest(r.tokens[:1], r.tokens[1:]), "echo") for r in rows
+                      if r.request.echo and len(r.choice.prompt) > 1
+                      and (r.done or len(r.choice.prompt) > window)]
+        if not asked:
             break
-        asked: list[tuple[_Row, ScoreRequest | None]] = [
-            (r, ScoreRequest(r.tokens[:1], r.tokens[1:] + [PLACEHOLDER])) for r in generating]
-        asked += [(r, ScoreRequest(r.tokens[:1], r.tokens[1:]) if len(r.tokens) > 1 else None) for r in echo_only]
-        results = iter(scorer.score([q for _, q in asked if q is not None]))
-        for r, q in asked:
-            scores = next(results) if q is not None else None
+        for (r, _, kind), scores in zip(asked, scorer.score([q for _, q, _ in asked])):
             k = r.request.logprobs or 0
-            if first and r.request.echo and scores is not None:
+            if first and r.request.echo and (kind == "echo" or len(r.choice.prompt) <= window):
                 positions = len(r.choice.prompt) - 1
-                r.choice.prompt_logprobs += [float(v) for v in scores.logprobs[:positions]]
+                r.choice.prompt_logprobs += [float(v) for v in _finite(scores.logprobs[:positions])]
                 r.choice.prompt_top += [_top(scores, i, max(k, 1)) for i in range(positions)]
-            if not r.done and scores is not None:
+            if kind == "next":
                 _advance(r, scores, r.request, tokenizer, k)
         first = False
-    out: list[list[Choice]] = [[] for _ in requests]
-    for r in rows:
-        out[r.owner].append(r.choice)
-    return out
 
 
-def _advance(row: _Row, scores: TokenScores, request: Completion, tokenizer: Tokenizer, k: int) -> None:
+def _advance(row: Row, scores: TokenScores, request: Completion, tokenizer: Tokenizer, k: int) -> None:
     token, logprob = _pick(scores, request, row.rng)
     choice = row.choice
     if token == tokenizer.eos_id:

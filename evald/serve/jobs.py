@@ -27,7 +27,7 @@ class QueueFull(Exception):
     """The queue holds ``queue_size`` jobs already."""
 
 
-@dataclass
+@dataclass(eq=False)   # a job is itself: hashable by identity (the runner keeps each started job's rows)
 class Job:
     request: Any
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)

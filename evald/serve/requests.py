@@ -4,7 +4,10 @@ Everything a client controls is bounded here (body size is bounded before this, 
 the number of prompts, their length in tokens, ``max_tokens``, ``n``, ``logprobs``, the stop strings;
 numbers must be finite and in range (JSON's non-standard NaN/Infinity are refused when parsing). A
 prompt is a string, a list of strings, a list of token ids or a list of lists of token ids (what
-lm-eval's ``local-completions`` sends with a remote tokenizer).
+lm-eval's ``local-completions`` sends with a remote tokenizer). A prompt may hold the model's window + 1
+tokens when ``echo`` is set: its last token is scored, never fed (a rolling window, as lm-eval sends it).
+Step names are ASCII digits matched in full; a temperature is 0 (greedy) or at least ``MIN_TEMPERATURE``,
+so that dividing log-probabilities by it stays finite.
 
 May import: config (ServeOptions), pipeline (the tokenizer protocol).
 """
@@ -24,7 +27,8 @@ LATEST = "latest"
 MAX_STOP_STRINGS, MAX_STOP_CHARS = 4, 256
 MAX_LOGPROBS = 5      # OpenAI's own limit for the completions endpoint
 MAX_SEED = 2 ** 63 - 1
-_MODEL = re.compile(r"^(?P<run>[^@\s]{1,256})@(?P<which>latest|\d{1,19})$")
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-5, 2.0   # below 1e-5 sampling is greedy anyway, and 1/T may overflow
+_MODEL = re.compile(r"(?P<run>[^@\s]{1,256})@(?P<which>latest|[0-9]{1,19})", re.ASCII)
 
 
 class BadRequest(Exception):
@@ -89,7 +93,7 @@ def parse_model(value: Any, run_name: str) -> ModelRef:
         return ModelRef(run_name, None)
     if not isinstance(value, str):
         raise BadRequest(400, "model must be a string such as RUN@latest or RUN@STEP", "model")
-    match = _MODEL.match(value)
+    match = _MODEL.fullmatch(value)   # fullmatch: no trailing newline; [0-9]: no other script's digits
     if not match:
         raise BadRequest(404, f"model {value[:80]!r} is not RUN@latest or RUN@STEP; GET /v1/models lists them",
                          "model")
@@ -115,7 +119,8 @@ def _number(body: dict, name: str, default: float, low: float, high: float, inte
     return int(value) if integer else float(value)
 
 
-def _tokenize(prompt: Any, tokenizer: Tokenizer, limits: ServeOptions, window: int) -> tuple[tuple[int, ...], ...]:
+def _tokenize(prompt: Any, tokenizer: Tokenizer, limits: ServeOptions, window: int,
+              echo: bool) -> tuple[tuple[int, ...], ...]:
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
         prompt = [prompt]
@@ -125,7 +130,8 @@ def _tokenize(prompt: Any, tokenizer: Tokenizer, limits: ServeOptions, window: i
     if len(prompt) > limits.max_prompts:
         raise BadRequest(400, f"{len(prompt)} prompts in one request; at most {limits.max_prompts} "
                               f"(serve.max_prompts)", "prompt")
-    longest = min(limits.max_prompt_tokens, window)
+    # With echo, window + 1: the last token is only scored (lm-eval's rolling windows and log-likelihoods).
+    longest = min(limits.max_prompt_tokens, window + 1 if echo else window)
     vocab = vocab_size(tokenizer)
     out = []
     for i, item in enumerate(prompt):
@@ -137,23 +143,41 @@ def _tokenize(prompt: Any, tokenizer: Tokenizer, limits: ServeOptions, window: i
         elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
             if len(item) > longest:
                 raise BadRequest(400, f"prompt[{i}] has {len(item)} tokens; at most {longest}", "prompt")
-            if vocab is None:
-                raise BadRequest(400, f"prompt[{i}]: token ids are refused because this tokenizer does not say its "
-                                      f"vocabulary size; send text", "prompt")
-            bad = [t for t in item if t < 0 or t >= vocab]
-            if bad:
-                raise BadRequest(400, f"prompt[{i}] holds token id {bad[0]}, outside the vocabulary", "prompt")
-            ids = tuple(item)
+            ids = tuple(check_ids(item, vocab, f"prompt[{i}]", "prompt"))
         else:
             raise BadRequest(400, f"prompt[{i}] must be a string or a list of token ids", "prompt")
         if not ids:
             raise BadRequest(400, f"prompt[{i}] is empty; a prompt needs at least one token", "prompt")
         if len(ids) > longest:
-            why = "the model's window" if window <= limits.max_prompt_tokens else "serve.max_prompt_tokens"
+            if longest == limits.max_prompt_tokens:
+                why = "serve.max_prompt_tokens"
+            elif echo:
+                why = "the model's window + 1: the last token is scored, never fed"
+            else:
+                why = f"the model's window; with echo, {window + 1}"
             raise BadRequest(400, f"prompt[{i}] has {len(ids)} tokens; at most {longest} ({why}). lm-eval: set "
-                                  f"max_length={window + 1} in model_args", "prompt")
+                                  f"max_length={lm_eval_max_length(window)} in model_args", "prompt")
         out.append(ids)
     return tuple(out)
+
+
+def lm_eval_max_length(window: int) -> int:
+    """lm-eval's ``max_length`` model argument that makes ``local-completions`` score as the suites do:
+    it keeps one token for generation (max_length - 1 tokens a request) and rolls windows of
+    max_length - 2 inputs, where the in-process suite rolls windows of ``window`` inputs."""
+    return window + 2
+
+
+def check_ids(ids: list[Any], vocab: int | None, what: str, param: str) -> list[int]:
+    """``ids`` when each is an integer token id of the vocabulary; else BadRequest naming ``what``."""
+    if vocab is None:
+        raise BadRequest(400, f"{what}: token ids are refused because this tokenizer does not say its "
+                              f"vocabulary size; send text", param)
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab:
+            raise BadRequest(400, f"{what} holds token id {t!r:.40}, outside the vocabulary (0 to {vocab - 1})",
+                             param)
+    return ids
 
 
 def vocab_size(tokenizer: Tokenizer) -> int | None:
@@ -201,9 +225,13 @@ def parse_completion(body: dict[str, Any], *, tokenizer: Tokenizer, limits: Serv
     seed = body.get("seed")
     if seed is not None:
         seed = _number(body, "seed", 0, 0, MAX_SEED, integer=True)
+    temperature = _number(body, "temperature", 1.0, 0.0, MAX_TEMPERATURE)
+    if 0.0 < temperature < MIN_TEMPERATURE:
+        raise BadRequest(400, f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and "
+                              f"{MAX_TEMPERATURE:g}, got {temperature!r:.40}", "temperature")
     return Completion(
-        model=model, prompts=_tokenize(prompt, tokenizer, limits, window),
+        model=model, prompts=_tokenize(prompt, tokenizer, limits, window, echo),
         max_tokens=_number(body, "max_tokens", 16, 0, limits.max_tokens, integer=True),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        temperature=temperature, top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         n=_number(body, "n", 1, 1, limits.max_n, integer=True), stop=_stop(body.get("stop")), seed=seed,
         logprobs=logprobs, echo=echo, chat=chat)

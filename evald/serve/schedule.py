@@ -1,12 +1,16 @@
 """Which queued job runs now, on the weights evald's main thread holds; only the main thread calls this.
 
-``Runner.run(budget_s, may_swap)`` takes the waiting jobs and, in order, runs each one whose weights
-are in the network, together with the later waiting jobs the same weights answer (up to one forward
-pass of rows: a row's result does not depend on the others'), until ``budget_s`` has passed (at
-least one pass runs, so requests are never starved either). Between two evaluation batches ``may_swap`` is False: only the checkpoint under evaluation can
-answer, and the evaluation's weights are never touched. Between evaluations it is True: a pinned
-``RUN@STEP`` that is not in the network is swapped in first (proven like any swap), then served; the
-next evaluation swaps its own checkpoint in as always.
+``Runner.run(budget_s, may_swap)`` takes the waiting jobs and, in order, runs a slice of each one whose
+weights are in the network: at most ``serve.batch_size`` rows (prompts x ``n``), the job's next rows
+together with those of later waiting jobs the same weights answer (a row's result does not depend on
+the others'), until ``budget_s`` has passed (at least one slice runs, so requests are never starved
+either). A job whose rows are not all run yet stays first in line; it finishes on the weights it
+started on (or starts over on the step it asked for when those changed), so no answer mixes two
+snapshots. Between two evaluation batches ``may_swap`` is False: only the checkpoint under evaluation
+can answer, and the evaluation's weights are never touched; with ``budget_s`` 0 one slice runs there,
+so a batch waits for one slice at most. Between evaluations it is True: a pinned ``RUN@STEP`` that is
+not in the network is swapped in first (proven like any swap), then served; the next evaluation swaps
+its own checkpoint in as always.
 
 * ``RUN@latest``: the newest checkpoint in the network, i.e. the step held now if it is at least the
   newest evaluated step (during an evaluation that is the step being evaluated, its swap proven);
@@ -15,8 +19,9 @@ next evaluation swaps its own checkpoint in as always.
 * ``RUN@STEP``: served from that step only: at once when it is held, else after a swap between
   evaluations. A step that is not servable (not evaluated, or deleted) is refused with 404.
 
-A swap happens only here, between two jobs, and each job checks that the weights it started with are
-the weights it ended with, so no answer mixes two snapshots (tests/unit/serve/test_swaps_under_load.py).
+A swap happens only here, between two slices, and each slice checks that the weights it started with
+are the weights it ended with (tests/unit/serve/test_swaps_under_load.py). Weights that give
+non-finite log-probabilities answer a JSON error naming the step (500), never a number.
 
 May import: pipeline (Held, the scorer), serve.engine, serve.jobs, serve.requests, serve.responses.
 """
@@ -64,6 +69,21 @@ class MixedWeights(RuntimeError):
     """The network's weights changed while a job ran: a bug; the answer is withheld."""
 
 
+@dataclass
+class Progress:
+    """A job whose rows are run in slices: its rows, the weights its first slice ran on, its run time."""
+
+    rows: list[engine.Row]
+    held: Held
+    started: float
+    run_s: float = 0.0
+    next: int = 0          # rows[:next] have run
+
+    @property
+    def finished(self) -> bool:
+        return self.next >= len(self.rows)
+
+
 class Runner:
     def __init__(self, queue: JobQueue, stats: ServeStats, *, run: str, tokenizer: Tokenizer,
                  scorer: Callable[[], TokenScorer | None], held: Callable[[], Held | None],
@@ -72,6 +92,7 @@ class Runner:
         self._scorer, self._held, self._swap, self._servable = scorer, held, swap, servable
         self._lock = threading.Lock()
         self._catalog = Catalog(run)
+        self._progress: dict[Job, Progress] = {}
 
     # -- the HTTP thread reads this ---------------------------------------------------------------
     @property
@@ -90,20 +111,21 @@ class Runner:
 
     # -- the main thread runs jobs ----------------------------------------------------------------
     def run(self, budget_s: float, may_swap: bool) -> int:
-        """Run waiting jobs for up to ``budget_s`` (at least one pass); the number run."""
+        """Run slices of waiting jobs for up to ``budget_s`` (at least one slice); the number of rows run."""
         if not self.queue.pending():
             return 0
         started = time.monotonic()
-        pending, waiting, done = self.queue.take(), [], 0
+        pending, waiting, rows_run = self.queue.take(), [], 0
         catalog = self.publish()
         while pending:
             job = pending.pop(0)
             if job.future.cancelled():
+                self._progress.pop(job, None)
                 continue
-            if done and time.monotonic() - started >= budget_s:
+            if rows_run and time.monotonic() - started >= budget_s:
                 waiting += [job] + pending
                 break
-            step = self._target(job.request, catalog, may_swap)
+            step = self._step_for(job, catalog, may_swap)
             if step is None:
                 waiting.append(job)
                 continue
@@ -122,27 +144,46 @@ class Runner:
                     continue
                 catalog = self.publish()
             group = [job] + self._companions(pending, step, catalog, job)
-            done += self._execute(group)
+            ran, unfinished = self._slice(group)
+            rows_run += ran
+            pending[:0] = unfinished   # first in line: the next slice, now if the budget allows
         self.queue.defer([j for j in waiting if not j.future.cancelled()])
-        return done
+        return rows_run
+
+    def _step_for(self, job: Job, catalog: Catalog, may_swap: bool) -> int | None:
+        """The step ``job`` runs on now, or None to wait: a started job's own step, else its target."""
+        progress = self._progress.get(job)
+        if progress is not None:
+            step = progress.held.step
+            if catalog.held is not None and catalog.held.step == step:
+                return step
+            if step in catalog.steps:
+                return step if may_swap else None
+            del self._progress[job]   # its step is gone: start over (a pinned request is refused, 404)
+        return self._target(job.request, catalog, may_swap)
+
+    def _remaining(self, job: Job) -> int:
+        progress = self._progress.get(job)
+        total = len(job.request.prompts) * job.request.n
+        return total - progress.next if progress is not None else total
 
     def _companions(self, pending: list[Job], step: int, catalog: Catalog, first: Job) -> list[Job]:
-        """Later jobs the same weights answer, taken out of ``pending`` to share the first one's forward
-        passes, up to one pass of rows (a row's result does not depend on the others')."""
+        """Later jobs the same weights answer, taken out of ``pending`` to share the first one's slice,
+        up to one pass of rows (a row's result does not depend on the others')."""
         scorer = self._scorer()
-        room = (scorer.batch_size if scorer is not None else 1) - len(first.request.prompts) * first.request.n
+        room = (scorer.batch_size if scorer is not None else 1) - self._remaining(first)
         taken = []
         for job in list(pending):
-            rows = len(job.request.prompts) * job.request.n
             if room <= 0:
                 break
-            if rows <= room and not job.future.cancelled() and self._target(job.request, catalog, False) == step:
+            if not job.future.cancelled() and self._step_for(job, catalog, False) == step:
                 pending.remove(job)
                 taken.append(job)
-                room -= rows
+                room -= self._remaining(job)
         return taken
+
     def _target(self, request: Completion, catalog: Catalog, may_swap: bool) -> int | None:
-        """The step to run ``request`` on now, or None to wait; BadRequest(404) is set on the job by _execute."""
+        """The step to run ``request`` on now, or None to wait; BadRequest(404) is set on the job by run()."""
         held = catalog.held
         wanted = request.model.step
         if wanted is None:
@@ -160,57 +201,89 @@ class Runner:
         return BadRequest(404, f"step {step} cannot be served: servable steps (evaluated and still on disk) are "
                                f"{list(catalog.steps[-20:])}; GET /v1/models lists them", "model")
 
-    def _execute(self, group: list[Job]) -> int:
-        """Run ``group`` (jobs for the weights held now) in shared forward passes; the number answered."""
+    def _slice(self, group: list[Job]) -> tuple[int, list[Job]]:
+        """One slice of ``group`` (jobs for the weights held now): at most batch_size rows, the first job's
+        next rows first. (rows run, jobs with rows left)."""
         scorer = self._scorer()
         before = self._held()
-        runnable = []
+        chosen: list[tuple[Job, Progress, list[engine.Row]]] = []
+        later: list[Job] = []   # no room left in this slice: first in line for the next
+        room = scorer.batch_size if scorer is not None else 0
         for job in group:
             request: Completion = job.request
+            progress = self._progress.get(job)
             if before is None or scorer is None:
                 self._fail(job, BadRequest(503, "no checkpoint is in the network (a swap failed); try again"))
-            elif request.model.step is not None and request.model.step != before.step:
+                continue
+            if request.model.step is not None and request.model.step != before.step:
                 self._fail(job, self._not_servable(request.model.step, self.catalog))
-            elif job.future.set_running_or_notify_cancel():
-                runnable.append(job)
-        if not runnable:
-            return 0
+                continue
+            if progress is not None and progress.held != before:
+                progress = None   # other weights (the step was re-written): start over, on these
+            if progress is None:
+                if not job.future.running() and not job.future.set_running_or_notify_cancel():
+                    continue   # the client gave up before it started
+                progress = self._progress[job] = Progress(engine.rows_of(request), before, time.monotonic())
+            if room <= 0:
+                later.append(job)
+                continue
+            rows = progress.rows[progress.next:progress.next + room]
+            room -= len(rows)
+            chosen.append((job, progress, rows))
+        if not chosen:
+            return 0, later
         assert before is not None and scorer is not None
         started = time.monotonic()
+        failed: dict[Job, Exception] = {}
         try:
-            answers = engine.run_many(scorer, self.tokenizer, [job.request for job in runnable])
-            after = self._held()
-            if after is None or after != before:
-                raise MixedWeights(f"the weights changed while a request ran ({before} -> {after})")
-        except Exception as exc:  # noqa: BLE001 - one request's failure is its answer, never evald's crash
-            if len(runnable) > 1:   # find which request it was: each alone
-                return sum(self._run_alone(job, scorer, before) for job in runnable)
-            self._failed(runnable[0], exc)
-            return 1
+            self._run_rows(scorer, [row for _, _, rows in chosen for row in rows], before)
+        except Exception:  # noqa: BLE001 - one request's failure is its answer: find whose, each alone
+            for job, progress, rows in chosen:
+                progress.rows[progress.next:progress.next + len(rows)] = rows = self._fresh(job, progress, rows)
+                try:
+                    self._run_rows(scorer, rows, before)
+                except Exception as exc:  # noqa: BLE001 - as above
+                    failed[job] = exc
         ran = time.monotonic() - started
         served = Served(self.run_name, before.step, before.digest)
-        for job, choices in zip(runnable, answers):
-            self.stats.ran(started - job.queued_at, ran / len(runnable), job.request.prompt_tokens,
+        unfinished = []
+        for job, progress, rows in chosen:
+            if job in failed:
+                self._progress.pop(job, None)
+                self._failed(job, failed[job], before.step)
+                continue
+            progress.next += len(rows)
+            progress.run_s += ran / len(chosen)
+            if not progress.finished:
+                unfinished.append(job)
+                continue
+            del self._progress[job]
+            choices = [row.choice for row in progress.rows]
+            self.stats.ran(progress.started - job.queued_at, progress.run_s, job.request.prompt_tokens,
                            engine.tokens_out(choices))
             job.future.set_result(Answer(job.request, choices, served))
-        return len(runnable)
+        return sum(len(rows) for _, _, rows in chosen), unfinished + later
 
-    def _run_alone(self, job: Job, scorer: TokenScorer, before: Held) -> int:
-        started = time.monotonic()
-        try:
-            choices = engine.run(scorer, self.tokenizer, job.request)
-            if self._held() != before:
-                raise MixedWeights(f"the weights changed while a request ran ({before} -> {self._held()})")
-        except Exception as exc:  # noqa: BLE001 - as above
-            self._failed(job, exc)
-            return 1
-        self.stats.ran(started - job.queued_at, time.monotonic() - started, job.request.prompt_tokens,
-                       engine.tokens_out(choices))
-        job.future.set_result(Answer(job.request, choices, Served(self.run_name, before.step, before.digest)))
-        return 1
+    def _run_rows(self, scorer: TokenScorer, rows: list[engine.Row], before: Held) -> None:
+        engine.run_rows(scorer, self.tokenizer, rows)
+        after = self._held()
+        if after is None or after != before:
+            raise MixedWeights(f"the weights changed while a request ran ({before} -> {after})")
 
-    def _failed(self, job: Job, exc: Exception) -> None:
-        """A running job's error as its answer: 400 for what the scorer refuses, 500 for anything else."""
+    @staticmethod
+    def _fresh(job: Job, progress: Progress, rows: list[engine.Row]) -> list[engine.Row]:
+        """``rows`` as they were before a failed shared run (they are run again, alone)."""
+        first = progress.next
+        return engine.rows_of(job.request)[first:first + len(rows)]
+
+    def _failed(self, job: Job, exc: Exception, step: int) -> None:
+        """A running job's error as its answer: 400 for what the scorer refuses, a JSON 500 for broken
+        weights and anything else."""
+        if isinstance(exc, engine.NonFinite):
+            log.error("serving step %d: %s", step, exc)
+            job.future.set_exception(BadRequest(500, f"step {step}: {exc}; its weights are broken, ask another "
+                                                     f"step (GET /v1/models)", "model"))
+            return
         if isinstance(exc, ValueError) and not isinstance(exc, MixedWeights):
             job.future.set_exception(BadRequest(400, str(exc)))
             return
@@ -218,7 +291,8 @@ class Runner:
         job.future.set_exception(BadRequest(500, f"the request failed in evald: {exc!r}"))
 
     def _fail(self, job: Job, error: BadRequest) -> None:
-        if job.future.set_running_or_notify_cancel():
+        self._progress.pop(job, None)
+        if job.future.running() or job.future.set_running_or_notify_cancel():
             job.future.set_exception(error)   # the HTTP handler counts it
 
 

@@ -1,18 +1,22 @@
-"""Score a local log-likelihood task with lm-eval's `local-completions` model against `evald --serve`.
+"""Score the demo's benchmarks with lm-eval's `local-completions` model against `evald --serve`.
 
     python -m examples.serving.lm_eval_local_completions http://127.0.0.1:8000 demo@20 TASK_DIR
 
-Writes a small multiple-choice task (which of four lines follows a line of heapq.py) with its data in
-TASK_DIR, then runs it offline: lm-eval tokenizes through evald's /tokenize (tokenizer_backend=remote),
-so no tokenizer is downloaded, and every request names the step it wants (model=RUN@STEP).
-Prints the results and each request's log-likelihood as JSON.
+Writes the demo's tasks (examples.tiny_lm.benchmarks) in TASK_DIR, waits until evald's /health is ok, and
+runs a multiple-choice task (stdlib_next_line: acc, acc_norm) and a rolling one (bpb_email: bits_per_byte)
+offline: lm-eval tokenizes through evald's /tokenize (tokenizer_backend=remote), so no tokenizer is
+downloaded, and every request names the step it wants (model=RUN@STEP). Two settings make lm-eval score
+exactly as the in-process suite does, both read from /tokenizer_info: max_length = the window + 2 (lm-eval
+keeps one token for generation and rolls windows of max_length - 2 inputs) and custom_prefix_token_id =
+the suite's prefix token (lm-eval's convention: BOS, else EOS). Prints the results and each request's
+log-likelihood as JSON.
 """
 
 import json
 import os
-import random
 import sys
-import sysconfig
+import time
+import urllib.request
 from pathlib import Path
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -21,33 +25,37 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import lm_eval
 from lm_eval.tasks import TaskManager
 
+from examples.tiny_lm.benchmarks import write_benchmarks
+
 url, model, task_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+TASKS, LIMIT = ["stdlib_next_line", "bpb_email"], 16
 
 
-def write_task(directory: Path, count: int = 20) -> None:
-    lines = [ln.rstrip() for ln in Path(sysconfig.get_paths()["stdlib"], "heapq.py").read_text().splitlines()
-             if len(ln.strip()) >= 12]
-    rng = random.Random(0)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / "docs.jsonl", "w") as f:
-        for i in range(0, 10 * count, 10):
-            following = lines[i + 1].strip()[:24]
-            choices = [lines[rng.randrange(len(lines))].strip()[:24] for _ in range(3)] + [following]
-            rng.shuffle(choices)
-            f.write(json.dumps({"context": lines[i][-36:], "choices": choices, "gold": choices.index(following)}) + "\n")
-    (directory / "next_line.yaml").write_text(
-        "task: next_line\ndataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {directory.resolve() / 'docs.jsonl'}\n"
-        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"{{context}}\"\n"
-        "doc_to_choice: \"{{choices}}\"\ndoc_to_target: gold\n"
-        "metric_list:\n  - metric: acc\n  - metric: acc_norm\n")
+def wait_until_ready(timeout_s: float = 600) -> dict:
+    """evald's /health is ok once a step is servable; then /tokenizer_info says the window."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=10) as answer:
+                if json.load(answer)["ok"]:
+                    break
+        except OSError:
+            pass   # not listening yet, or 503 while the network is built
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url}/health was not ok within {timeout_s:.0f}s")
+        time.sleep(1)
+    with urllib.request.urlopen(f"{url}/tokenizer_info", timeout=10) as answer:
+        return json.load(answer)["evald"]
 
 
-write_task(task_dir)
+info = wait_until_ready()
+prefix = info["bos_id"] if info["bos_id"] is not None else info["eos_id"]
+write_benchmarks(task_dir, next_line_count=LIMIT, bpb_docs_per_set=2)
 results = lm_eval.simple_evaluate(
     model="local-completions",
-    # max_length: the model's window (64 for the demo) + 1, the token lm-eval keeps for generation
-    model_args=f"base_url={url}/v1/completions,model={model},tokenizer_backend=remote,max_length=65",
-    tasks=["next_line"], task_manager=TaskManager(include_path=str(task_dir)), log_samples=True)
-print(json.dumps({"results": results["results"]["next_line"],
-                  "loglikelihoods": [[r[0][0] for r in sample["resps"]] for sample in results["samples"]["next_line"]]}))
+    model_args=(f"base_url={url}/v1/completions,model={model},tokenizer_backend=remote,"
+                f"max_length={info['lm_eval_max_length']},custom_prefix_token_id={prefix}"),
+    tasks=TASKS, task_manager=TaskManager(include_path=str(task_dir)), log_samples=True, batch_size=4)
+print(json.dumps({task: {"results": results["results"][task],
+                         "loglikelihoods": [[r[0][0] if isinstance(r[0], (list, tuple)) else r[0] for r in s["resps"]]
+                                            for s in results["samples"][task]]} for task in TASKS}))

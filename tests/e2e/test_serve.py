@@ -56,6 +56,10 @@ def _provenance(ckpt: Path, step: int) -> str:
         ledger.close()
 
 
+def _flat(rows: list[list[float]]) -> list[float]:
+    return [value for row in rows for value in row]
+
+
 def _echo(client, model: str, prompt: str) -> httpx.Response:
     return client.post("/v1/completions", json={"model": model, "prompt": prompt, "max_tokens": 0, "echo": True,
                                                 "logprobs": 1, "temperature": 0})
@@ -98,43 +102,37 @@ def test_lm_eval_and_the_openai_client_against_evald_serve(tmp_path, endpoints, 
     assert scored.returncode == 0, scored.stderr[-3000:]
     served = json.loads(scored.stdout.strip().splitlines()[-1])
 
-    # ... equals the same task in process, on the same step.
+    # ... equals the same tasks in process, on the same step: multiple choice and bits_per_byte (rolling).
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from tests.e2e.reference import network_at, reference_lm
+    import mindspore as ms
 
-    try:
-        from evald.pipeline.suites.lm_adapter import EvaldLM   # the benchmark engine (issue 17), when merged
-    except ImportError:
-        EvaldLM = None
+    from evald.pipeline.suites.lm_adapter import EvaldLM
+    from evald.pipeline.suites.scoring import TokenScorer
+    from evald.pipeline.suites.tokenizer import ByteTokenizer
+    from tests.e2e.reference import network_at
+
     net = network_at(ckpt, 20)
-    if EvaldLM is not None:
-        from evald.pipeline.suites.scoring import TokenScorer
-        from evald.pipeline.suites.tokenizer import ByteTokenizer
-
-        import mindspore as ms
-
-        ms.set_context(mode=ms.GRAPH_MODE)
-        lm, exact = EvaldLM(TokenScorer(net, batch_size=8), ByteTokenizer()), True
-    else:
-        lm, exact = reference_lm(net), False   # an independent in-process MindSpore computation
-    local = lm_eval.simple_evaluate(model=lm, tasks=["next_line"], log_samples=True,
+    ms.set_context(mode=ms.GRAPH_MODE)
+    lm = EvaldLM(TokenScorer(net, batch_size=8), ByteTokenizer())   # the suite's scorer and defaults
+    local = lm_eval.simple_evaluate(model=lm, tasks=list(served), limit=16, log_samples=True,
                                     task_manager=TaskManager(include_path=str(task_dir)))
-    mine = local["results"]["next_line"]
-    for metric in ("acc,none", "acc_norm,none"):
-        assert served["results"][metric] == mine[metric], (metric, served["results"], mine)
-    in_process = [[r[0][0] for r in sample["resps"]] for sample in local["samples"]["next_line"]]
-    if exact:
-        assert served["loglikelihoods"] == in_process
-    else:  # PyNative float32 vs the compiled graph: the same up to float32 rounding
-        np.testing.assert_allclose(served["loglikelihoods"], in_process, rtol=0, atol=5e-5)
+    for task, http in served.items():
+        mine = local["results"][task]
+        for metric in ("acc,none", "acc_norm,none", "bits_per_byte,none"):
+            if metric in mine:
+                assert http["results"][metric] == pytest.approx(mine[metric], rel=1e-6), (task, metric)
+        expected = [[r[0][0] if isinstance(r[0], (list, tuple)) else r[0] for r in sample["resps"]]
+                    for sample in local["samples"][task]]
+        assert _flat(http["loglikelihoods"]) == pytest.approx(_flat(expected), rel=1e-6), task
+    assert "bits_per_byte,none" in served["bpb_email"]["results"]
 
     status = subprocess.run([PYTHON, "-m", "evald", "status", "--ckpt-dir", str(ckpt)], env=_client_env(),
                             cwd=REPO, capture_output=True, text=True, timeout=120)
     evald.signal(signal.SIGTERM)
     assert evald.wait(120) == 0, evald.output()[-3000:]
-    assert scalar_points(run_dir(ckpt), "serve/served")[-1][2] >= 80 + 9   # every request above
+    assert scalar_points(run_dir(ckpt), "serve/served")[-1][2] >= 9 + 3 + 16   # the requests above, at least
     assert "serving" in status.stdout, status.stdout
 
 

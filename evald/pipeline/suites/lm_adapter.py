@@ -9,6 +9,8 @@ an empty context is scored after the prefix/EOS token) and evald does the scorin
 * ``loglikelihood_rolling``: HFLM's disjoint rolling windows
   (``get_rolling_token_windows(tokens, prefix_token, max_length, context_len=1)`` +
   ``make_disjoint_window``), every window of every document scored in one pass, summed per document;
+  ``prefix_token`` (also the context of an empty one) is the suite's ``prefix_token``, by default
+  lm-eval's HFLM convention: the tokenizer's BOS, else its EOS;
 * ``generate_until``: greedy decoding only (a request asking for sampling is a ValueError), stopping
   at any ``until`` string (cut from the text, as HFLM does), at EOS, or at ``max_gen_toks``.
 
@@ -29,7 +31,7 @@ from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
 from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest
-from evald.pipeline.suites.tokenizer import Tokenizer
+from evald.pipeline.suites.tokenizer import Tokenizer, bos_id
 
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -43,15 +45,24 @@ class AdapterCounts:
 
 
 class EvaldLM(TemplateLM):
-    def __init__(self, scorer: Any, tokenizer: Tokenizer, *, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS) -> None:
+    def __init__(self, scorer: Any, tokenizer: Tokenizer, *, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+                 prefix_token: int | None = None) -> None:
         super().__init__()
         self.scorer, self.evald_tokenizer, self.max_gen_toks = scorer, tokenizer, max_gen_toks
         self.counts = AdapterCounts()
+        # lm-eval's HFLM: a custom prefix token, else BOS, else EOS (TemplateLM's own default is EOS only)
+        bos = bos_id(tokenizer)
+        self._prefix_token = int(prefix_token if prefix_token is not None else bos if bos is not None
+                                 else tokenizer.eos_id)
 
     # -- what TemplateLM needs -------------------------------------------------------------------
     @property
     def eot_token_id(self) -> int:
         return int(self.evald_tokenizer.eos_id)
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self._prefix_token
 
     @property
     def max_length(self) -> int:

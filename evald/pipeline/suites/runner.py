@@ -10,7 +10,8 @@ network holds now through ``lm_eval.simple_evaluate(model=EvaldLM, ..., log_samp
 The identity (``identity``, hashed to ``identity_sha256``) is everything that makes two results
 comparable: the lm-eval version; each task's name, the sha256 of its resolved config (lm-eval's
 ``dump_config``, functions by name) and of its selected documents; ``num_fewshot``; the subset's
-seed and size; the tokenizer's hash (evald.pipeline.suites.tokenizer); the scorer's max_length. The
+seed and size; the tokenizer's hash (evald.pipeline.suites.tokenizer); the scorer's max_length; the
+prefix token of rolling windows and empty contexts (it changes bits_per_byte). The
 ledger keys a suite's cells on ``cell_identity``: the suite identity together with the
 validation's network identity (model factory and kwargs), so another model configuration makes
 new cells too, while two runs' per-sample files stay comparable on the suite identity alone.
@@ -123,7 +124,8 @@ class SuiteRunner:
             raise ValueError(f"suite {name}: lm-eval found no task for {list(options.tasks)} (include_path "
                              f"{list(options.include_path)})")
         self.scorer = scorer or TokenScorer(network, max_length=options.max_length, batch_size=options.batch_size)
-        self.lm = EvaldLM(self.scorer, tokenizer, max_gen_toks=options.max_gen_toks)
+        self.lm = EvaldLM(self.scorer, tokenizer, max_gen_toks=options.max_gen_toks,
+                          prefix_token=options.prefix_token)
         self.documents: dict[str, list[int]] = {}
         tasks: dict[str, Any] = {}
         for task_name, task in sorted(loaded.items()):
@@ -140,7 +142,8 @@ class SuiteRunner:
         self.identity = {
             "suite": name, "lm_eval": self.lm_eval_version, "tasks": tasks, "num_fewshot": options.num_fewshot,
             "subset": {"seed": options.seed, "size": options.limit}, "tokenizer": tokenizer_hash(tokenizer),
-            "max_length": self.scorer.max_length, "max_gen_toks": options.max_gen_toks}
+            "max_length": self.scorer.max_length, "max_gen_toks": options.max_gen_toks,
+            "prefix_token": self.lm.prefix_token_id}
         self.identity_sha256 = _sha256(self.identity)
         self.network_identity = dict(network_identity or {})
         self.cell_identity = _sha256({"suite": self.identity_sha256, "network": self.network_identity})

@@ -10,6 +10,11 @@ returns is wrapped by ``adapt`` into a ``Tokenizer``:
   (lm-eval adds what a task needs itself);
 * ``ByteTokenizer`` is the demo's: UTF-8 bytes are the token ids (vocabulary 256).
 
+A tokenizer may also say its beginning-of-sequence token (``bos_id``, an int or None; a Hugging Face
+tokenizer's ``bos_token_id``): lm-eval's convention puts it before a rolling window's first token and
+before an empty context, and the EOS token when there is none (``bos_id()``; a suite's ``prefix_token``
+overrides it, evald.pipeline.suites.lm_adapter).
+
 ``tokenizer_hash`` names what a tokenizer does, not what it is called: the sha256 of its class,
 EOS id, vocabulary (when it exposes ``get_vocab()``) and the ids it gives a fixed probe text.
 It is part of a suite's identity (evald.pipeline.suites.runner); a tokenizer whose hash changes between
@@ -59,6 +64,7 @@ class ByteTokenizer:
 
     eos_id: int = 0
     vocab_size: ClassVar[int] = 256   # token ids a client may send (evald.serve checks them)
+    bos_id: ClassVar[int | None] = None
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -76,6 +82,8 @@ class HFTokenizer:
             raise TokenizerError(f"{type(inner).__name__} has no integer eos_token_id (got {eos!r}); "
                                  f"set one on the tokenizer your factory returns")
         self.inner, self.eos_id = inner, eos
+        bos = getattr(inner, "bos_token_id", None)
+        self.bos_id: int | None = bos if isinstance(bos, int) and not isinstance(bos, bool) else None
 
     def encode(self, text: str) -> list[int]:
         return [int(i) for i in self.inner.encode(text, add_special_tokens=False)]
@@ -129,6 +137,12 @@ def _check_output(name: str, encode: Any, decode: Any, where: str) -> None:
     if not isinstance(text, str):
         raise TokenizerError(f"{where} returned {name}, whose decode(ids) gives {type(text).__name__}, not str; "
                              f"return a tokenizer whose decode(ids) returns text")
+
+
+def bos_id(tokenizer: Tokenizer) -> int | None:
+    """The tokenizer's beginning-of-sequence id (its optional ``bos_id``), or None when it has none."""
+    value = getattr(tokenizer, "bos_id", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def build_tokenizer(spec: FactorySpec | None) -> Tokenizer:

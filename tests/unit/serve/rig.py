@@ -3,7 +3,8 @@
 The weights are in-memory snapshots put into the real network's parameter memory with
 ``NetworkWeights.assign`` (the same in-place path a hot swap takes), which lets a unit test swap
 hundreds of times; the e2e tests (tests/e2e/test_serve.py) swap real checkpoint files in evald.
-``Rig.loop`` is what evald's main thread does: run queued jobs, and swap between them.
+``Rig.serve`` is what evald's main thread does: run queued jobs, and swap between them; ``Loop`` runs it
+in a thread until stopped.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Rig:
     options: ServeOptions
     snapshots: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     run: str = "unit"
+    servable_override: tuple[int, ...] | None = None   # what the ledger would call servable, when not the snapshots
 
     def __post_init__(self) -> None:
         self.weights = NetworkWeights(self.network)
@@ -61,7 +63,7 @@ class Rig:
         self.stats = ServeStats()
         self.runner = Runner(self.queue, self.stats, run=self.run, tokenizer=self.tokenizer,
                              scorer=lambda: self.scorer, held=lambda: self._held, swap=self.swap,
-                             servable=lambda: tuple(sorted(self.snapshots)))
+                             servable=self.servable)
         self.context = Context(self.options, self.tokenizer, self.queue, self.stats, self.runner,
                                window=self.scorer.max_length)
         self.http = HttpThread(build_app(self.context), "127.0.0.1", 0, keep_alive_s=self.options.keep_alive_s,
@@ -72,6 +74,13 @@ class Rig:
     @property
     def url(self) -> str:
         return self.http.url
+
+    def servable(self) -> tuple[int, ...]:
+        return tuple(sorted(self.snapshots)) if self.servable_override is None else self.servable_override
+
+    def drop(self) -> None:
+        """Nothing proven in the network: before any swap, or after an evaluation that failed."""
+        self._held = None
 
     def swap(self, step: int) -> Held:
         self._held = None
@@ -86,3 +95,25 @@ class Rig:
 
     def close(self) -> None:
         self.http.stop()
+
+
+class Loop:
+    """evald's main thread in miniature: serve queued jobs (swapping between them) until stopped."""
+
+    def __init__(self, rig: Rig, may_swap: bool = True) -> None:
+        self.rig, self.may_swap, self.stop = rig, may_swap, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if not self.rig.serve(self.may_swap):
+                self.rig.woken.wait(0.01)
+                self.rig.woken.clear()
+
+    def __enter__(self) -> "Loop":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)

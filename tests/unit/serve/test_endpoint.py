@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 from evald.config import ServeOptions  # noqa: E402
 from tests.harness import wait_for  # noqa: E402
 from tests.networks import demo_network_in_graph_mode  # noqa: E402
-from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
+from tests.unit.serve.rig import Loop, Rig, snapshot  # noqa: E402
 
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, queue_size=8, max_body_bytes=4096,
                        header_timeout_s=1.0, request_timeout_s=30.0)
@@ -26,28 +26,6 @@ OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, queue_size=8, max_bod
 def network():
     with demo_network_in_graph_mode(seed=3) as net:
         yield net
-
-
-class Loop:
-    """evald's main thread in miniature: serve queued jobs (swapping between them) until stopped."""
-
-    def __init__(self, rig: Rig) -> None:
-        self.rig, self.stop = rig, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            if not self.rig.serve():
-                self.rig.woken.wait(0.01)
-                self.rig.woken.clear()
-
-    def __enter__(self) -> "Loop":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
