@@ -96,14 +96,16 @@ class _Plugin:
 
 
 class Pipeline:
-    def __init__(self, should_abort: ShouldAbort, group: Group | None = None) -> None:
+    def __init__(self, should_abort: ShouldAbort, group: Group | None = None, device_selected: bool = False) -> None:
+        """``device_selected``: this process has chosen its device already (an eval group's ranks do before
+        init(); so does a process whose MindSpore runtime already runs kernels, where choosing fails)."""
         self.should_abort = should_abort
         self.group = group  # an eval group's rank 0 (evald.pipeline.group.protocol.Group): every rank builds and evaluates
         self.evaluator: Evaluator | None = None
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
         self._built_specs: EvaluationSpec | None = None
         self._failed_specs: EvaluationSpec | None = None
-        self._device_selected = group is not None  # a group's ranks picked their devices before init()
+        self._device_selected = device_selected or group is not None
         self.suites: dict[str, Any] = {}          # name -> evald.pipeline.suites.runner.SuiteRunner
         self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
         self._suites_for: Any = None              # what the suites were built for

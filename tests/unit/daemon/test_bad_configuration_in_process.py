@@ -20,6 +20,7 @@ import pytest
 from evald.cli.main import parse_config
 from evald.contracts import layout, wire
 from evald.daemon.server import Server
+from evald.pipeline.pipeline import Pipeline
 from tests import faults
 from tests.harness import REPO
 
@@ -29,7 +30,10 @@ PAIRS = "tests.bad_factories:input_label_pairs"
 
 
 def _server(ckpt, *args: str) -> Server:
-    return Server(parse_config([*faults.FAST, "--endpoint", "none", "--ckpt-dir", str(ckpt), *args], environ={}))
+    """The real Pipeline, on the device this test process already runs MindSpore on (choosing one again fails
+    once the runtime runs kernels; the real processes of tests/e2e choose theirs)."""
+    return Server(parse_config([*faults.FAST, "--endpoint", "none", "--ckpt-dir", str(ckpt), *args], environ={}),
+                  pipeline=Pipeline(should_abort=lambda: False, device_selected=True))
 
 
 def _serve(server: Server, monkeypatch, caplog) -> tuple[int, str]:
