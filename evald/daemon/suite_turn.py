@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from evald.decisions.decisions import Decisions, Outcome
 from evald.decisions.monitor_targets import parse_suite_monitor
-from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, Ledger, Record
+from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
 from evald.ledger.samples import write_samples
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
@@ -101,15 +101,40 @@ def queue_due(ledger: Ledger, pipeline: Pipeline) -> list[tuple[str, int]]:
     return queued
 
 
-def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> list[int]:
-    """Retained checkpoints a backfill covers: evaluated steps whose file is still there, in range,
-    every ``every``-th of them."""
-    rows = [row for row in ledger.steps(EVALUATED) if (ckpt_dir / row.source).exists()]
-    if steps is not None:
-        rows = [row for row in rows if steps[0] <= row.step <= steps[1]]
+@dataclass(frozen=True)
+class BackfillPlan:
+    """What `evald backfill` covers: retained checkpoints in range (every ``every``-th of them), and why
+    the others in range are left out."""
+
+    steps: tuple[int, ...]                  # retained steps covered, validation evaluated, queued or skipped
+    revalidate: tuple[int, ...]             # of them, the steps the lag policy skipped: validation queued too
+    left_out: tuple[tuple[int, str], ...]   # (step, why)
+
+
+def plan_backfill(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> BackfillPlan:
+    """Retained checkpoints a backfill covers: steps whose file is still there and whose validation is
+    evaluated, queued (e.g. by `evald retry --step`), being evaluated, or was skipped by the lag policy
+    (then it is queued again first); a failed step and a step whose file is gone are left out, each with
+    its reason."""
+    rows = [row for row in ledger.steps() if steps is None or steps[0] <= row.step <= steps[1]]
+    covered, left_out = [], []
+    for row in rows:
+        if row.state in (FAILED, DELETED):
+            left_out.append((row.step, f"{row.state} ({row.reason or 'no reason recorded'}): `evald retry "
+                                       f"{row.step}` first"))
+        elif not (ckpt_dir / row.source).exists():
+            left_out.append((row.step, f"its checkpoint {row.source} is no longer in {ckpt_dir}"))
+        else:
+            covered.append(row)
     if every:
-        rows = rows[::every]
-    return [row.step for row in rows]
+        covered = covered[::every]
+    return BackfillPlan(tuple(row.step for row in covered),
+                        tuple(row.step for row in covered if row.state == SKIPPED), tuple(left_out))
+
+
+def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> list[int]:
+    """The retained steps a backfill covers (plan_backfill)."""
+    return list(plan_backfill(ledger, ckpt_dir, steps, every).steps)
 
 
 def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | None = None) -> int:
@@ -124,9 +149,10 @@ def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | 
             left.append(request)
             continue
         steps = request.get("steps")
-        queued += len(ledger.queue_cells(request["suite"], runner.cell_identity, steps))
-        log.info("backfill of suite %s: %d cell(s) queued of %d retained step(s)", request["suite"], queued,
-                 len(steps))
+        these = len(ledger.queue_cells(request["suite"], runner.cell_identity, steps))
+        queued += these
+        log.info("backfill of suite %s: %d cell(s) queued of %d retained step(s) (the others have one)",
+                 request["suite"], these, len(steps))
     ledger.put_state(BACKFILL_KEY, left)
     return queued
 
