@@ -73,8 +73,9 @@ def on_built(ledger: Ledger, pipeline: Pipeline, run_id: str | None = None) -> N
     for name, runner in pipeline.suites.items():
         again = ledger.supersede_suite(name, runner.cell_identity)
         if again:
-            log.warning("suite %s changed (identity %s): %d cell(s) of the old identity superseded and "
-                        "queued again: steps %s", name, runner.cell_identity[:12], len(again),
+            log.warning("suite %s or the model it runs on changed (identity %s, cell %s): %d cell(s) of the old "
+                        "cell identity superseded and queued again: steps %s", name, runner.cell_identity[:12],
+                        runner.cell_identity, len(again),
                         ", ".join(map(str, again)))
     take_backfill_requests(ledger, pipeline)
 
@@ -226,8 +227,9 @@ def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
                        f"evald/suites/{name}/compiled_graphs": float(result.compiled_graphs),
                        f"evald/suites/{name}/tokens_per_s": result.tokens / max(result.evaluate_s, 1e-9)}
         texts = {f"{name}/samples": _samples_text(result),
-                 f"evald/suites/{name}/identity": f"suite identity `{result.identity_sha256}`, cell "
-                                                  f"`{cell.identity}`, lm-eval {result.identity['lm_eval']}"}
+                 f"evald/suites/{name}/identity": f"suite identity `{result.identity_sha256[:12]}` (sha256 "
+                                                  f"`{result.identity_sha256}`), cell `{cell.identity}`, lm-eval "
+                                                  f"{result.identity['lm_eval']}"}
         kv = None
         if monitor is not None and monitor.wants(name):
             decided, kv = monitor.observe(run_dir, cell.step, scalars)

@@ -11,9 +11,11 @@ The identity (``identity``, hashed to ``identity_sha256``) is everything that ma
 comparable: the lm-eval version; each task's name, the sha256 of its resolved config (lm-eval's
 ``dump_config``, functions by name) and of its selected documents; ``num_fewshot``; the subset's
 seed and size; the tokenizer's hash (evald.pipeline.suites.tokenizer); the scorer's max_length. The
-ledger keys a suite's cells on ``cell_identity``: the suite identity together with the
-validation's network identity (model factory and kwargs), so another model configuration makes
-new cells too, while two runs' per-sample files stay comparable on the suite identity alone.
+ledger keys a suite's cells on ``cell_identity``: the suite identity's hash followed by a hash of
+the validation's network identity (model factory and kwargs), so another model configuration makes
+new cells too, while two runs' per-sample files stay comparable on the suite identity alone; and
+its first 12 characters, which is what status, compare, the log and the file names show, are the
+suite identity's.
 
 May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset modules.
 """
@@ -112,7 +114,9 @@ class SuiteRunner:
             "max_length": self.scorer.max_length, "max_gen_toks": options.max_gen_toks}
         self.identity_sha256 = _sha256(self.identity)
         self.network_identity = dict(network_identity or {})
-        self.cell_identity = _sha256({"suite": self.identity_sha256, "network": self.network_identity})
+        # The suite identity, then the network's hash: every place that shows an identity's first 12
+        # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
+        self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self.scorer.warm_up()
         log.info("suite %s ready in %.1fs: %d task(s), %d document(s), identity %s, %d graph(s) compiled", name,
                  time.time() - started, len(tasks), sum(len(d) for d in self.documents.values()),
