@@ -249,7 +249,13 @@ class Run:
 
     def work(self) -> bool:
         """Evaluate or skip one queued step; True if something was done."""
-        if not self.ledger.steps(QUEUED):
+        waiting = self.ledger.steps(QUEUED)
+        if self.pipeline.suites_pending and (not waiting or self.counters.evaluated) and self.prepare():
+            # suites are built between evaluations, never before the first checkpoint's validation
+            self.pipeline.build_next_suite()
+            self.prepare()   # the new suite's cells: identities, backfill requests
+            return True
+        if not waiting:
             if not self.prepare():
                 return False
             suite_turn.take_backfill_requests(self.ledger, self.pipeline)
@@ -311,6 +317,7 @@ class Run:
     def complete(self) -> bool:
         """The run has finished and every one of its checkpoints has been dealt with."""
         if (self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling
+                or self.pipeline.suites_pending
                 or self.intake.unreadable or suite_turn.waiting_cells(self.ledger, self.pipeline)):
             return False
         final = self.ledger.step(self.run_end.final_step)

@@ -66,7 +66,8 @@ def on_built(ledger: Ledger, pipeline: Pipeline, run_id: str | None = None) -> N
             recorded = runner.identity["tokenizer"]
             ledger.put_state(TOKENIZER_KEY, recorded)
     since = dict(ledger.get_state(SINCE_KEY) or {})
-    new = [name for name in pipeline.suites if name not in since]
+    # configured, built or not: a suite built after the first validations still covers them
+    new = [name for name in (*pipeline.suites, *pipeline.suites_pending) if name not in since]
     if new:
         first = max((row.step for row in ledger.steps(EVALUATED)), default=-1) + 1
         ledger.put_state(SINCE_KEY, {**since, **{name: first for name in new}})

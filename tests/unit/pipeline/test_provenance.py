@@ -147,9 +147,13 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
         validation_identity = None      # no identity: no results are superseded here
         suites: dict = {}
         suite_errors: dict = {}
+        suites_pending: tuple = ()
 
         def ensure_built(self, config):
             return True
+
+        def build_next_suite(self):
+            return False
 
         def evaluate(self, ckpt_dir, row):
             from evald.pipeline.pipeline import Evaluated
