@@ -85,6 +85,7 @@ class SuiteRunner:
 
         from evald.pipeline.suites.lm_adapter import EvaldLM
 
+        quiet_lm_eval_git()
         started = time.time()
         self.name, self.options = name, options
         self.lm_eval_version = getattr(lm_eval, "__version__", "unknown")
@@ -144,6 +145,25 @@ class SuiteRunner:
 
 
 _TASK_MANAGERS: dict[tuple, Any] = {}
+
+
+def quiet_lm_eval_git() -> None:
+    """lm-eval records the git commit of the current directory at every evaluation (``git describe
+    --always``), letting git print "fatal: not a git repository" to evald's log outside a checkout.
+    Its own answer, asked with git's stderr closed; the same fallback (reading .git) when git fails."""
+    import subprocess
+
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def get_git_commit_hash() -> str | None:
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL,
+                                           timeout=10).strip().decode()
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+            return get_commit_from_path(os.getcwd())
+
+    lm_eval.evaluator.get_git_commit_hash = get_git_commit_hash
 
 
 def task_manager(include_path: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
