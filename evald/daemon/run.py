@@ -250,8 +250,8 @@ class Run:
     def work(self) -> bool:
         """Evaluate or skip one queued step; True if something was done."""
         waiting = self.ledger.steps(QUEUED)
-        if self.pipeline.suites_pending and (not waiting or self.counters.evaluated) and self.prepare():
-            # suites are built between evaluations, never before the first checkpoint's validation
+        if self.pipeline.suites_pending and not waiting and self._suites_may_build() and self.prepare():
+            # suites are built when no checkpoint waits, and never before the first one is validated
             self.pipeline.build_next_suite()
             self.prepare()   # the new suite's cells: identities, backfill requests
             return True
@@ -302,6 +302,11 @@ class Run:
             self._publish()
         return True
 
+    def _suites_may_build(self) -> bool:
+        """A suite build (tens of seconds to minutes) must not delay the first checkpoint's validation: it
+        waits until this evald has validated one, or the run has validated steps (a restart, a backfill)."""
+        return self.counters.evaluated > 0 or bool(self.ledger.counts().get(EVALUATED))
+
     @property
     def blocked(self) -> bool:
         """Checkpoints wait but cannot be evaluated (no or broken factories, files evald may not read)."""
@@ -317,7 +322,7 @@ class Run:
     def complete(self) -> bool:
         """The run has finished and every one of its checkpoints has been dealt with."""
         if (self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling
-                or self.pipeline.suites_pending
+                or (self.pipeline.suites_pending and self._suites_may_build())
                 or self.intake.unreadable or suite_turn.waiting_cells(self.ledger, self.pipeline)):
             return False
         final = self.ledger.step(self.run_end.final_step)

@@ -11,6 +11,7 @@ import sqlite3
 
 from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
+from tests.harness import wait_for
 
 
 def test_the_first_checkpoint_is_validated_before_the_suites_are_built_and_they_catch_up(tmp_path, procs):
@@ -21,10 +22,12 @@ def test_the_first_checkpoint_is_validated_before_the_suites_are_built_and_they_
                       'limit = 16\nbatch_size = 4\n')
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)
-    faults.commit(ckpt, 10)
-    evald = faults.start(tmp_path, ckpt, "--config", str(config), "--idle-exit-s", "3",
+    evald = faults.start(tmp_path, ckpt, "--config", str(config), "--idle-exit-s", "20",
                          env={"HF_HOME": str(tmp_path / "hf")})
     procs.append(evald)
+    # the demo's order: the network is ready, evald is idle, then training commits its first checkpoint
+    wait_for(lambda: "evaluation network ready" in evald.output(), 300, "the evaluation network built")
+    faults.commit(ckpt, 10)
     assert evald.wait(600) == 0, evald.output()[-3000:]
     log = evald.output()
     validated = re.search(r"step 10: .*loss=", log)
