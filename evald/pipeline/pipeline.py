@@ -113,6 +113,7 @@ class Pipeline:
         self._suites_for: Any = None              # what the suites were built for
         self._suite_plan: tuple[EvaldConfig, EvaluationSpec] | None = None  # what the pending ones are for
         self._tokenizer: Any = None               # the suites' tokenizer, built with the first of them
+        self._model_vocab: int | None = None      # the network's vocabulary (its logits), measured once
         self.suites_pending: tuple[str, ...] = ()  # configured, not built yet: built between evaluations
         self.loaded_step: int | None = None       # the step whose weights the network holds, if proven
         self._named: tuple[Path, int] | None = None   # the path last swapped in, and its ledger step
@@ -192,7 +193,7 @@ class Pipeline:
         if wanted == self._suites_for:
             return
         self._suites_for, self.suites, self.suite_errors = wanted, {}, {}
-        self._suite_plan, self._tokenizer = (config, specs), None
+        self._suite_plan, self._tokenizer, self._model_vocab = (config, specs), None, None
         self.suites_pending = tuple(sorted(config.suites or {}))
 
     def build_next_suite(self) -> bool:
@@ -205,6 +206,7 @@ class Pipeline:
         name, self.suites_pending = self.suites_pending[0], self.suites_pending[1:]
         options = config.suites[name]
         from evald.pipeline.suites.runner import SuiteRunner
+        from evald.pipeline.suites.tokenizer import check_covers
 
         network_identity = {"model": specs.model.target, "model_kwargs": dict(specs.model.kwargs), "task": specs.task}
         try:
@@ -219,8 +221,12 @@ class Pipeline:
                 scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
                                                              max_length=options.max_length,
                                                              batch_size=options.batch_size), ranks)
-            self.suites[name] = SuiteRunner(name, options, self.evaluator.network, self._tokenizer,  # type: ignore
-                                            network_identity=network_identity, scorer=scorer)
+            runner = SuiteRunner(name, options, self.evaluator.network, self._tokenizer,  # type: ignore
+                                 network_identity=network_identity, scorer=scorer)
+            if self._model_vocab is None:
+                self._model_vocab = runner.scorer.vocab_size()
+            check_covers(self._tokenizer, self._model_vocab)  # else plausible numbers that mean nothing
+            self.suites[name] = runner
         except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
             self.suite_errors[name] = f"cannot build suite {name}: {exc}"
             log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],

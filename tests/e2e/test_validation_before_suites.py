@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sqlite3
 
 from examples.tiny_lm.benchmarks import write_benchmarks
@@ -22,13 +23,14 @@ def test_the_first_checkpoint_is_validated_before_the_suites_are_built_and_they_
                       'limit = 16\nbatch_size = 4\n')
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt)
-    evald = faults.start(tmp_path, ckpt, "--config", str(config), "--idle-exit-s", "20",
-                         env={"HF_HOME": str(tmp_path / "hf")})
+    evald = faults.start(tmp_path, ckpt, "--config", str(config), env={"HF_HOME": str(tmp_path / "hf")})
     procs.append(evald)
     # the demo's order: the network is ready, evald is idle, then training commits its first checkpoint
     wait_for(lambda: "evaluation network ready" in evald.output(), 300, "the evaluation network built")
     faults.commit(ckpt, 10)
-    assert evald.wait(600) == 0, evald.output()[-3000:]
+    wait_for(lambda: "step 10 suite mc:" in evald.output(), 600, "the suite caught up with step 10")
+    evald.signal(signal.SIGTERM)
+    assert evald.wait(120) == 0, evald.output()[-3000:]
     log = evald.output()
     validated = re.search(r"step 10: .*loss=", log)
     built = re.search(r"suite mc ready in", log)
