@@ -35,7 +35,8 @@ def main() -> int:
     args = p.parse_args()
 
     out = (REPO / args.out).resolve()
-    if out.exists():
+    if out.exists():  # a demo starts from scratch: say so, the user may have wanted to keep it
+        print(f"[demo] removing the previous demo run in {out} (use --out DIR to keep it)", flush=True)
         shutil.rmtree(out)
     out.mkdir(parents=True)
     sockets = out / "sockets"
@@ -75,10 +76,38 @@ def main() -> int:
     logdir = default_logdir(ckpt)  # beside the checkpoint directory; several runs can share it
     run = find_run(ckpt, logdir)
     where = f" (run {run.name!r}: {run.name}/train and {run.name}/eval, loss on one chart)" if run else ""
+    if run is not None:
+        print(lag_reached(run.path / "ledger.sqlite"))
     print(f"\n[demo] TensorBoard events are in {logdir}{where}")
     print(f"[demo] view them with:  .venv/bin/tensorboard --logdir {logdir} --host 127.0.0.1")
     print(f"[demo] the run's state:  .venv/bin/evald status --ckpt-dir {ckpt}")
     return trainer.returncode or evald_rc
+
+
+def lag_reached(ledger_path: Path) -> str:
+    """How far behind training the validations were: the first checkpoint's, and the worst."""
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{ledger_path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT step, commit_time, finished_at FROM steps WHERE state='evaluated' AND "
+                          "commit_time IS NOT NULL ORDER BY step").fetchall()
+        newest = [(finished, step) for step, _, finished in rows]
+        commits = db.execute("SELECT step, commit_time FROM steps WHERE commit_time IS NOT NULL").fetchall()
+    finally:
+        db.close()
+    if not rows:
+        return "[demo] lag: no checkpoint was validated"
+    first_step, first_commit, first_done = rows[0]
+
+    def steps_behind(finished: float, step: int) -> int:  # checkpoints committed by then, beyond this one
+        return max([s for s, t in commits if t <= finished] + [step]) - step
+
+    worst_s = max(done - commit for _, commit, done in rows)
+    worst_steps = max(steps_behind(finished, step) for finished, step in newest)
+    return (f"[demo] lag: the first checkpoint (step {first_step}) was validated {first_done - first_commit:.0f}s "
+            f"after its commit; at most {worst_s:.0f}s and {worst_steps} step(s) behind the newest checkpoint "
+            f"over the run ({len(rows)} validations)")
 
 
 def write_suites(out: Path) -> Path:

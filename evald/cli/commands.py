@@ -112,10 +112,12 @@ def retry(argv: Sequence[str]) -> int:
     """Re-queue failed checkpoints, and judge rejected files again: all of them when no STEP is named.
     Safe while evald runs: it evaluates them at its next turn; otherwise at its next start"""
     from evald.ledger.ledger import Ledger
-    from evald.ledger.requeue import retry as requeue
+    from evald.ledger.requeue import UnknownSteps, retry as requeue
     from evald.cli.status import lock_holder
 
-    p = argparse.ArgumentParser(prog="evald retry", description=retry.__doc__ + ".")
+    p = argparse.ArgumentParser(prog="evald retry", description=retry.__doc__ + ". A step the lag policy "
+                                "skipped is queued when named. Exit 2 when a named step is not in the run "
+                                "(nothing is changed; the message names the steps it has).")
     p.add_argument("steps", nargs="*", type=int, metavar="STEP", help="steps to re-queue (default: every failure)")
     p.add_argument("--step", type=int, action="append", dest="again", metavar="STEP",
                    help="evaluate STEP again even if it was evaluated: its result is kept, marked superseded, and "
@@ -129,6 +131,9 @@ def retry(argv: Sequence[str]) -> int:
     try:
         wanted = sorted(set(args.steps or []) | set(args.again or [])) or None
         done = requeue(ledger, wanted, "re-queued by evald retry", evaluated_too=bool(args.again))
+    except UnknownSteps as exc:
+        print(f"evald retry: {exc}; nothing was re-queued", file=sys.stderr)
+        return 2
     finally:
         ledger.close()
     holder = lock_holder(path / "evald.lock")
@@ -152,18 +157,21 @@ def compare(argv: Sequence[str]) -> int:
 
 
 def backfill(argv: Sequence[str]) -> int:
-    """Evaluate a benchmark suite on retained checkpoints that lack its cell, at each checkpoint's own step.
+    """Evaluate retained checkpoints later, at each checkpoint's own step: the validation of the steps the
+    lag policy skipped and, with --suite, a benchmark suite on the retained checkpoints that lack its cell.
     Beside a running evald it only records the request (evald takes it up at its next turn, after any
     new checkpoint); with evald's options after --, and no evald serving the run, it evaluates them itself"""
     from evald.cli.status import gather, lock_holder
-    from evald.daemon.suite_turn import BACKFILL_KEY, backfill_steps
+    from evald.daemon.suite_turn import BACKFILL_KEY, plan_backfill
     from evald.ledger.ledger import Ledger
+    from evald.ledger.requeue import shown_steps
 
     from evald.cli.fleet import add_arguments as fleet_arguments, fleet_command
 
     p = argparse.ArgumentParser(prog="evald backfill", description=backfill.__doc__ + ". See docs/benchmarks.md.")
-    p.add_argument("--suite", action="append", help="the suite's name ([suites.NAME] in evald's configuration; "
-                   "repeatable with --fleet-dir: each checkpoint is then loaded once for all of them)")
+    p.add_argument("--suite", action="append", help="the suite's name ([suites.NAME] in evald's configuration); "
+                   "without it, the validation alone; repeatable with --fleet-dir: each checkpoint is then loaded "
+                   "once for all of them")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
     which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
@@ -175,8 +183,10 @@ def backfill(argv: Sequence[str]) -> int:
     args = p.parse_args(list(argv))
     if not args.fleet_dir and (args.worker_index is not None or args.plan or args.merge):
         p.error("--worker-index, --plan and --merge belong to a fleet: give --fleet-dir")
-    if not args.fleet_dir and (not args.suite or len(args.suite) > 1):
+    if not args.fleet_dir and args.suite and len(args.suite) > 1:
         p.error("give one --suite (several only with --fleet-dir)")
+    if args.fleet_dir and not args.suite:
+        p.error("a fleet backfills suites: give --suite")
     span = None
     if args.steps:
         try:
@@ -195,7 +205,7 @@ def backfill(argv: Sequence[str]) -> int:
         return 2
     if args.fleet_dir:   # workers on Slurm or Kubernetes, or their merge (evald.cli.fleet)
         return fleet_command(args, path, Path(ckpt_dir), span)
-    args.suite = args.suite[0]
+    args.suite = args.suite[0] if args.suite else None
     ledger = Ledger(path / LEDGER_FILE)
     try:
         given = [a for a in args.evald_args if a != "--"]
@@ -203,18 +213,30 @@ def backfill(argv: Sequence[str]) -> int:
         running = lock_holder(path / "evald.lock") is not None
         # Refused when it can be told: the evald options given here, or a running evald that has built its
         # suites. Otherwise the evald that takes the request up drops it, with a log line, if it has no such suite.
-        if args.suite not in known and (args.config or given or (running and known)):
+        if args.suite and args.suite not in known and (args.config or given or (running and known)):
             print(f"evald backfill: no suite {args.suite!r} here: the known suites are "
                   f"{', '.join(sorted(known)) or 'none'} (those evald has built for this run, and those of the "
                   f"--config or evald options given here); nothing recorded", file=sys.stderr)
             return 2
-        steps = backfill_steps(ledger, Path(ckpt_dir), span, args.every)
-        requests = (ledger.get_state(BACKFILL_KEY) or []) + [{"suite": args.suite, "steps": steps}]
-        ledger.put_state(BACKFILL_KEY, requests)
+        plan = plan_backfill(ledger, Path(ckpt_dir), span, args.every)
+        requests = ledger.get_state(BACKFILL_KEY) or []
+        if args.suite:
+            requests = requests + [{"suite": args.suite, "steps": list(plan.steps)}]
+        # the skipped steps' validation and the suite's request, at once
+        ledger.requeue_failures(plan.revalidate, [], [], "re-queued by evald backfill", counter=None,
+                                kv={BACKFILL_KEY: requests} if args.suite else None)
     finally:
         ledger.close()
-    print(f"evald backfill: suite {args.suite} on {len(steps)} retained checkpoint(s): "
-          f"{', '.join(map(str, steps)) or '-'} (cells it already has are not evaluated again)")
+    if plan.revalidate:
+        print(f"evald backfill: validation on {len(plan.revalidate)} retained checkpoint(s) the lag policy "
+              f"skipped: {shown_steps(plan.revalidate)}")
+    elif not args.suite:
+        print("evald backfill: validation: every retained checkpoint in range has been evaluated or is queued")
+    if args.suite:
+        print(f"evald backfill: suite {args.suite} on {len(plan.steps)} retained checkpoint(s): "
+              f"{shown_steps(plan.steps) or '-'} (cells it already has are not evaluated again)")
+    for step, why in plan.left_out:
+        print(f"  left out: step {step}: {why}")
     holder = lock_holder(path / "evald.lock")
     if holder is not None:
         print(f"evald pid {holder.get('pid')} serves this run and takes them up at its next turn")

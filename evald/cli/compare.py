@@ -201,6 +201,9 @@ def _compare_task(key: tuple[str, str], files_a: list[SampleFile], files_b: list
             if isinstance(reported, (int, float)) and not math.isclose(reported, value, rel_tol=1e-6, abs_tol=1e-9):
                 notes.append(f"{name}: {side.label}'s sidecar reports {reported:.6g}, its per-sample outputs give "
                              f"{value:.6g}; the comparison uses the per-sample outputs")
+        if result.se == 0:
+            notes.append(f"{name}: no document's value changed between the two steps; the paired SE is 0 and "
+                         f"the MDE cannot be estimated from them (shown as -)")
         results.append(result)
     return TaskComparison(suite, task, sidecar_a.identity_hash, int(samples_a.doc_ids.size), results, notes)
 
@@ -238,7 +241,8 @@ def render(a: Side, b: Side, tasks: list[TaskComparison], *, alpha: float, power
         lines += ["", f"{t.suite}/{t.task}: {t.n} documents, identity {t.identity_hash[:12]}"]
         header = ["metric", a.label, b.label, "B - A", f"{level} interval", "paired SE", "MDE", "McNemar (A only/B only)"]
         rows = [header] + [[m.metric, _num(m.value_a), _num(m.value_b), _signed(m.difference),
-                            f"[{_signed(m.ci_low)}, {_signed(m.ci_high)}]", _num(m.se), _num(m.mde), _mcnemar(m)]
+                            f"[{_signed(m.ci_low)}, {_signed(m.ci_high)}]", _num(m.se),
+                            "-" if m.se == 0 else _num(m.mde), _mcnemar(m)]
                            for m in t.metrics]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -29,7 +29,8 @@ def describe(run_path: Path, step: int, ckpt_dir: str | None = None) -> dict[str
         except sqlite3.OperationalError:  # a ledger from before provenance was recorded
             provenance = None
         told = ledger.told(step)
-        suites = [{"suite": c.suite, "state": c.state, "identity": c.identity, "reason": c.reason,
+        suites = [{"suite": c.suite, "state": c.state, "identity": c.identity[:12], "cell_identity": c.identity,
+                   "reason": c.reason,
                    "metrics": c.metrics} for c in ledger.cells() if c.step == step]
         superseded = [{"evaluation": c.evaluation, "state": c.state, "identity": c.identity, "reason": c.reason,
                        "metrics": c.metrics, "superseded_by": c.superseded_by} for c in ledger.superseded(step)]

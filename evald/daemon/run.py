@@ -37,7 +37,7 @@ from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED, Receiver
 from evald.intake.train_stream import TrainStream, reach
 from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
 from evald.ledger.disk_full import DiskWait
-from evald.ledger.ledger import EVALUATING, FINAL_STATES, QUEUED, Ledger
+from evald.ledger.ledger import EVALUATED, EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
 from evald.pipeline.pipeline import EvaluationPipeline
 from evald.sinks.best_pointer import write_best_pointer
@@ -268,7 +268,13 @@ class Run:
 
     def work(self) -> bool:
         """Evaluate or skip one queued step; True if something was done."""
-        if not self.ledger.steps(QUEUED):
+        waiting = self.ledger.steps(QUEUED)
+        if self.pipeline.suites_pending and not waiting and self._suites_may_build() and self.prepare():
+            # suites are built when no checkpoint waits, and never before the first one is validated
+            self.pipeline.build_next_suite()
+            self.prepare()   # the new suite's cells: identities, backfill requests
+            return True
+        if not waiting:
             if not self.prepare():
                 return False
             suite_turn.take_backfill_requests(self.ledger, self.pipeline)
@@ -310,6 +316,11 @@ class Run:
             self._publish()
         return True
 
+    def _suites_may_build(self) -> bool:
+        """A suite build (tens of seconds to minutes) must not delay the first checkpoint's validation: it
+        waits until this evald has validated one, or the run has validated steps (a restart, a backfill)."""
+        return self.counters.evaluated > 0 or bool(self.ledger.counts().get(EVALUATED))
+
     @property
     def blocked(self) -> bool:
         """Checkpoints wait but cannot be evaluated (no or broken factories, files evald may not read)."""
@@ -325,6 +336,7 @@ class Run:
     def complete(self) -> bool:
         """The run has finished and every one of its checkpoints has been dealt with."""
         if (self.run_end is None or self.ledger.steps(QUEUED, EVALUATING) or self.intake.settling
+                or (self.pipeline.suites_pending and self._suites_may_build())
                 or self.intake.unreadable or suite_turn.waiting_cells(self.ledger, self.pipeline)):
             return False
         final = self.ledger.step(self.run_end.final_step)

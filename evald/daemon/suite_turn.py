@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from evald.decisions.decisions import Decisions, Outcome
 from evald.decisions.monitor_targets import parse_suite_monitor
-from evald.ledger.ledger import EVALUATED, FAILED, QUEUED, Ledger, Record
+from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
 from evald.ledger.samples import write_samples
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
@@ -66,15 +66,17 @@ def on_built(ledger: Ledger, pipeline: Pipeline, run_id: str | None = None) -> N
             recorded = runner.identity["tokenizer"]
             ledger.put_state(TOKENIZER_KEY, recorded)
     since = dict(ledger.get_state(SINCE_KEY) or {})
-    new = [name for name in pipeline.suites if name not in since]
+    # configured, built or not: a suite built after the first validations still covers them
+    new = [name for name in (*pipeline.suites, *pipeline.suites_pending) if name not in since]
     if new:
         first = max((row.step for row in ledger.steps(EVALUATED)), default=-1) + 1
         ledger.put_state(SINCE_KEY, {**since, **{name: first for name in new}})
     for name, runner in pipeline.suites.items():
         again = ledger.supersede_suite(name, runner.cell_identity)
         if again:
-            log.warning("suite %s changed (identity %s): %d cell(s) of the old identity superseded and "
-                        "queued again: steps %s", name, runner.cell_identity[:12], len(again),
+            log.warning("suite %s or the model it runs on changed (identity %s, cell %s): %d cell(s) of the old "
+                        "cell identity superseded and queued again: steps %s", name, runner.cell_identity[:12],
+                        runner.cell_identity, len(again),
                         ", ".join(map(str, again)))
     take_backfill_requests(ledger, pipeline)
 
@@ -101,15 +103,40 @@ def queue_due(ledger: Ledger, pipeline: Pipeline) -> list[tuple[str, int]]:
     return queued
 
 
-def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> list[int]:
-    """Retained checkpoints a backfill covers: evaluated steps whose file is still there, in range,
-    every ``every``-th of them."""
-    rows = [row for row in ledger.steps(EVALUATED) if (ckpt_dir / row.source).exists()]
-    if steps is not None:
-        rows = [row for row in rows if steps[0] <= row.step <= steps[1]]
+@dataclass(frozen=True)
+class BackfillPlan:
+    """What `evald backfill` covers: retained checkpoints in range (every ``every``-th of them), and why
+    the others in range are left out."""
+
+    steps: tuple[int, ...]                  # retained steps covered, validation evaluated, queued or skipped
+    revalidate: tuple[int, ...]             # of them, the steps the lag policy skipped: validation queued too
+    left_out: tuple[tuple[int, str], ...]   # (step, why)
+
+
+def plan_backfill(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> BackfillPlan:
+    """Retained checkpoints a backfill covers: steps whose file is still there and whose validation is
+    evaluated, queued (e.g. by `evald retry --step`), being evaluated, or was skipped by the lag policy
+    (then it is queued again first); a failed step and a step whose file is gone are left out, each with
+    its reason."""
+    rows = [row for row in ledger.steps() if steps is None or steps[0] <= row.step <= steps[1]]
+    covered, left_out = [], []
+    for row in rows:
+        if row.state in (FAILED, DELETED):
+            left_out.append((row.step, f"{row.state} ({row.reason or 'no reason recorded'}): `evald retry "
+                                       f"{row.step}` first"))
+        elif not (ckpt_dir / row.source).exists():
+            left_out.append((row.step, f"its checkpoint {row.source} is no longer in {ckpt_dir}"))
+        else:
+            covered.append(row)
     if every:
-        rows = rows[::every]
-    return [row.step for row in rows]
+        covered = covered[::every]
+    return BackfillPlan(tuple(row.step for row in covered),
+                        tuple(row.step for row in covered if row.state == SKIPPED), tuple(left_out))
+
+
+def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None, every: int | None) -> list[int]:
+    """The retained steps a backfill covers (plan_backfill)."""
+    return list(plan_backfill(ledger, ckpt_dir, steps, every).steps)
 
 
 def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | None = None) -> int:
@@ -129,9 +156,10 @@ def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | 
                       ", ".join(sorted(pipeline.suites)) or "none")
             continue
         steps = request.get("steps")
-        queued += len(ledger.queue_cells(request["suite"], runner.cell_identity, steps))
-        log.info("backfill of suite %s: %d cell(s) queued of %d retained step(s)", request["suite"], queued,
-                 len(steps))
+        these = len(ledger.queue_cells(request["suite"], runner.cell_identity, steps))
+        queued += these
+        log.info("backfill of suite %s: %d cell(s) queued of %d retained step(s) (the others have one)",
+                 request["suite"], these, len(steps))
     ledger.put_state(BACKFILL_KEY, left)
     return queued
 
@@ -205,8 +233,9 @@ def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
                        f"evald/suites/{name}/compiled_graphs": float(result.compiled_graphs),
                        f"evald/suites/{name}/tokens_per_s": result.tokens / max(result.evaluate_s, 1e-9)}
         texts = {f"{name}/samples": _samples_text(result),
-                 f"evald/suites/{name}/identity": f"suite identity `{result.identity_sha256}`, cell "
-                                                  f"`{cell.identity}`, lm-eval {result.identity['lm_eval']}"}
+                 f"evald/suites/{name}/identity": f"suite identity `{result.identity_sha256[:12]}` (sha256 "
+                                                  f"`{result.identity_sha256}`), cell `{cell.identity}`, lm-eval "
+                                                  f"{result.identity['lm_eval']}"}
         kv = None
         if monitor is not None and monitor.wants(name):
             decided, kv = monitor.observe(run_dir, cell.step, scalars)

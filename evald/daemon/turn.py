@@ -144,11 +144,17 @@ def _commit_evaluation(ledger: Ledger, decisions: Decisions, ctx: Context, count
         found = provenance.complete(result.provenance, run_id=row.run_id or ctx.run_id, step=row.step,
                                     source=row.source)
         texts[provenance.TAG] = provenance.text(found)
-        change = provenance.change(ledger.get_state(provenance.STATE_KEY), found)
+        previous = ledger.get_state(provenance.STATE_KEY)
+        in_order = not previous or previous.get("step") is None or previous["step"] < row.step
+        if not in_order:  # a re-evaluation or backfill: compare with the step before it, keep the newest's
+            below = [s.step for s in ledger.steps(EVALUATED) if s.step < row.step]
+            previous = ledger.provenance(below[-1]) if below else None
+        change = provenance.change(previous, found)
         if change:
             texts[provenance.CHANGE_TAG] = change
             log.warning("step %d is %s", row.step, change)
-        kv[provenance.STATE_KEY] = provenance.state(found)
+        if in_order:
+            kv[provenance.STATE_KEY] = provenance.state(found)
     _layout_if_new(ledger, row, result.metrics, decisions.monitor, row.commit_time or now)
     record = Record("eval", row.step, row.commit_time or now, scalars, texts)
     ledger.finish(row.step, EVALUATED, metrics=result.metrics, record=record, kv=kv, provenance=found,

@@ -94,11 +94,14 @@ class Decisions:
         suite_metric = parse_suite_monitor(self.monitor) is not None
         se = metrics.get(stderr_tag(self.monitor) if suite_metric else se_tag(self.monitor))
         se = None if se is None or isinstance(se, str) else float(se)  # lm-eval's stderr can be "N/A"
+        # A step older than one already seen (evald retry --step, backfill) says nothing about where
+        # training goes now: the early stop ignores it, and so does the learning-rate advisor.
+        in_order = self.early_stop.last_step is None or step > self.early_stop.last_step
         verdict = self.early_stop.observe(step, float(value), se, paired_se)
         trend = self.trend.take()
         alerts = {a.tag: a.message for a in self.health.observe_eval(step, value, trend)}
         advice = None
-        if self.advisor is not None and math.isfinite(value):
+        if self.advisor is not None and math.isfinite(value) and in_order:
             advice = self.advisor.observe(step, value, trend, se)
         stop_at = advisory_at = None
         if verdict.stop and self.stop_at_step is None and self.advisory_stop is None:

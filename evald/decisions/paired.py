@@ -167,7 +167,9 @@ def compare(metric: str, a: np.ndarray, b: np.ndarray, *, alpha: float = ALPHA, 
     low, high = _bootstrap_interval(side_a, side_b, alpha, resamples, seed)
     z = NormalDist().inv_cdf(1 - alpha / 2) + NormalDist().inv_cdf(power)
     test = mcnemar(a, b) if _is_binary(a) and _is_binary(b) else None
-    return PairedComparison(metric, n, value_a, value_b, value_b - value_a, se, low, high, alpha, power, z * se,
+    # no document changed (se 0): the data say nothing about which effect a test would detect
+    mde = z * se if se > 0 else float("nan")
+    return PairedComparison(metric, n, value_a, value_b, value_b - value_a, se, low, high, alpha, power, mde,
                             resamples, seed, test)
 
 

@@ -198,12 +198,15 @@ class Ledger:
     @durable
     def requeue_failures(self, steps: Sequence[int], forget_steps: Sequence[int], forget_files: Sequence[str],
                          reason: str, counter: str | None, kv: Mapping[str, Any] | None = None) -> None:
-        """Failed or deleted ``steps`` back to the queue (found_via retry, attempts reset), ``forget_steps``
-        and ``forget_files`` forgotten (to be judged again), ``counter`` in kv incremented, at once."""
+        """Failed, deleted or skipped ``steps`` back to the queue (found_via retry, attempts reset),
+        ``forget_steps`` and ``forget_files`` forgotten (to be judged again), ``counter`` in kv
+        incremented, at once. A skipped step comes back only when asked for by name (evald retry
+        --step, evald backfill): the caller chooses ``steps``."""
         with self._transaction() as db:
             failed = (FAILED, DELETED)
             db.executemany("UPDATE steps SET state=?, reason=?, found_via='retry', attempts=0, finished_at=NULL"
-                           " WHERE step=? AND state IN (?,?)", [(QUEUED, reason, s, *failed) for s in steps])
+                           " WHERE step=? AND state IN (?,?,?)", [(QUEUED, reason, s, *failed, SKIPPED)
+                                                                   for s in steps])
             db.executemany("DELETE FROM steps WHERE step=? AND state IN (?,?)", [(s, *failed) for s in forget_steps])
             db.executemany("DELETE FROM files WHERE name=?", [(name,) for name in forget_files])
             if counter:

@@ -3,7 +3,9 @@
 A failure is final for the configuration that judged it, not for ever:
 
 * ``evald retry [STEP ...]`` re-queues failed (and deleted) steps, all of them when
-  none is named, and forgets rejected files so that they are judged again. It is one
+  none is named, and the named steps the lag policy skipped; ``--step N`` evaluates an
+  evaluated step again (its result kept, superseded). A step the run does not have is an
+  error naming those it has. It forgets rejected files so that they are judged again. It is one
   ledger transaction, safe while evald runs: a running evald evaluates queued steps
   from the ledger at every turn of its loop, and sees the retry counter (``kv``
   ``retries``) change, forgets which names it judged and rescans the directory.
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from evald.config import EvaldConfig, factory_spec
-from evald.ledger.ledger import DELETED, FAILED, QUEUED, REJECTED, Ledger
+from evald.ledger.ledger import DELETED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, Ledger
 
 log = logging.getLogger("evald")
 
@@ -37,37 +39,67 @@ RETRIES = "retries"
 class Retried:
     requeued: tuple[int, ...]     # steps back in the queue
     rejudged: tuple[str, ...]     # files to be judged again (their failed step, if any, forgotten)
-    not_failed: tuple[int, ...]   # steps asked for that had not failed (left alone)
+    not_failed: tuple[int, ...]   # evaluated steps named without --step (left alone)
+    waiting: tuple[int, ...] = ()  # steps named that are queued or being evaluated already (left alone)
 
     def describe(self) -> str:
         parts = [f"re-queued {len(self.requeued)} step(s){': ' + _list(self.requeued) if self.requeued else ''}",
                  f"{len(self.rejudged)} rejected file(s) to be judged again"
                  f"{': ' + ', '.join(self.rejudged) if self.rejudged else ''}"]
         if self.not_failed:
-            parts.append(f"not failed, left alone: {_list(self.not_failed)}")
+            parts.append(f"not failed, left alone: {_list(self.not_failed)} (evaluated: `evald retry --step N` "
+                         f"evaluates a step again)")
+        if self.waiting:
+            parts.append(f"queued already: {_list(self.waiting)}")
         return "; ".join(parts)
 
 
+class UnknownSteps(ValueError):
+    """Steps asked for that the run does not have (nothing was changed)."""
+
+    def __init__(self, unknown: Sequence[int], known: Sequence[int]) -> None:
+        super().__init__(f"no such step in this run: {_list(unknown)}; its steps are "
+                         f"{shown_steps(known) if known else 'none yet'}")
+        self.unknown, self.known = tuple(unknown), tuple(known)
+
+
 def retry(ledger: Ledger, steps: Sequence[int] | None, reason: str, evaluated_too: bool = False) -> Retried:
-    """Re-queue failed steps (all of them when ``steps`` is None) in one transaction; with
-    ``evaluated_too``, the named steps that were evaluated are evaluated again, their results kept
-    as superseded (``evald retry --step N``)."""
+    """Re-queue failed steps (all of them when ``steps`` is None) in one transaction; named steps that
+    the lag policy skipped are queued too (you asked for them); with ``evaluated_too``, the named steps
+    that were evaluated are evaluated again, their results kept as superseded (``evald retry --step N``).
+    Raises UnknownSteps, changing nothing, when a named step is not in the run."""
+    if steps:
+        known = ledger.step_numbers()
+        unknown = sorted(set(steps) - set(known))
+        if unknown:
+            raise UnknownSteps(unknown, known)
     again: list[int] = []
     if evaluated_too and steps:
         again = ledger.supersede_steps(sorted(set(steps)), RETRY, reason)
     failed = {row.step: row for row in ledger.steps(FAILED, DELETED)}
+    skipped = {row.step for row in ledger.steps(SKIPPED)}
+    waiting = {row.step for row in ledger.steps(QUEUED, EVALUATING)} - set(again)
     rejected = {name: step for name, step, status, _ in ledger.files() if status == REJECTED}
     wanted = sorted(failed) if steps is None else sorted(set(steps))
-    requeue = [s for s in wanted if s in failed and failed[s].source not in rejected]
+    requeue = [s for s in wanted if (s in failed and failed[s].source not in rejected) or s in skipped]
     forget_steps = [s for s in wanted if s in failed and failed[s].source in rejected]
     forget_files = [name for name, step in rejected.items() if step in forget_steps]  # a step's parts, too
     if steps is None:
         forget_files += [name for name, step in rejected.items() if step is None]
-    if again and not requeue and not forget_files:
-        requeue = []
     ledger.requeue_failures(requeue, forget_steps, forget_files, reason, counter=RETRIES)
     return Retried(tuple(sorted(again + requeue)), tuple(sorted(forget_files)),
-                   tuple(s for s in wanted if s not in failed and s not in again))
+                   tuple(s for s in wanted if s not in failed and s not in skipped and s not in waiting
+                         and s not in again),
+                   tuple(s for s in wanted if s in waiting))
+
+
+def shown_steps(steps: Sequence[int], most: int = 20) -> str:
+    """Steps for a message: all of them when few, else the first and last ones and how many."""
+    steps = sorted(steps)
+    if len(steps) <= most:
+        return _list(steps)
+    half = most // 2
+    return f"{_list(steps[:half])}, ..., {_list(steps[-half:])} ({len(steps)} in all)"
 
 
 class RetryWatch:

@@ -132,7 +132,7 @@ def write_samples(run_dir: Path, *, suite: str, task: str, step: int, identity: 
         if old and old != cell_identity:
             for path in (data, sidecar):
                 if path.exists():
-                    os.replace(path, path.with_name(f"{path.name}.superseded-{old[:12]}"))
+                    os.replace(path, path.with_name(f"{path.name}.superseded-{old[-12:]}"))  # the cell's own tail
     lines = "".join(json.dumps(_strict_record(s), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
                     for s in samples)
     _atomic(data, gzip.compress(lines.encode("utf-8"), compresslevel=6, mtime=0))

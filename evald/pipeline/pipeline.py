@@ -63,6 +63,7 @@ class EvaluationPipeline(Protocol):
     blocked_reason: str | None
     suites: dict[str, Any]           # name -> its SuiteRunner (evald.pipeline.suites.runner), once built
     suite_errors: dict[str, str]     # name -> why it cannot run
+    suites_pending: tuple[str, ...]  # configured suites not built yet (build_next_suite builds them)
 
     @property
     def subset(self) -> SubsetInfo | None:
@@ -75,6 +76,9 @@ class EvaluationPipeline(Protocol):
     def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> Any: ...
 
     def ensure_built(self, config: EvaldConfig) -> bool: ...
+
+    def build_next_suite(self) -> bool:
+        """Build one pending suite (or fail it, with its reason in suite_errors); False when none is pending."""
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome: ...
 
@@ -109,6 +113,10 @@ class Pipeline:
         self.suites: dict[str, Any] = {}          # name -> evald.pipeline.suites.runner.SuiteRunner
         self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
         self._suites_for: Any = None              # what the suites were built for
+        self._suite_plan: tuple[EvaldConfig, EvaluationSpec] | None = None  # what the pending ones are for
+        self._tokenizer: Any = None               # the suites' tokenizer, built with the first of them
+        self._model_vocab: int | None = None      # the network's vocabulary (its logits), measured once
+        self.suites_pending: tuple[str, ...] = ()  # configured, not built yet: built between evaluations
         self.loaded_step: int | None = None       # the step whose weights the network holds, if proven
         self._named: tuple[Path, int] | None = None   # the path last swapped in, and its ledger step
 
@@ -180,15 +188,56 @@ class Pipeline:
         return sha256_of(self._built_specs.identity())
 
     def _ensure_suites(self, config: EvaldConfig, specs: EvaluationSpec) -> None:
-        """Build the configured benchmark suites on the network (once per configuration)."""
+        """Plan the configured benchmark suites on the network (once per configuration). They are built
+        later, one per call of build_next_suite, so that building them (tens of seconds each: lm-eval's
+        tasks, the scorer's graphs) never delays a checkpoint's validation."""
         wanted = (dict(config.suites or {}), config.tokenizer_factory, config.tokenizer_kwargs, specs)
         if wanted == self._suites_for:
             return
         self._suites_for, self.suites, self.suite_errors = wanted, {}, {}
-        if not config.suites:
-            return
-        from evald.contracts.wire import FactorySpec
+        self._suite_plan, self._tokenizer, self._model_vocab = (config, specs), None, None
+        self.suites_pending = tuple(sorted(config.suites or {}))
+
+    def build_next_suite(self) -> bool:
+        """Build the next pending suite on the network (the tokenizer first); False when none is pending."""
+        if not self.suites_pending or self._suite_plan is None or self.evaluator is None:
+            return False
+        config, specs = self._suite_plan
+        if self._tokenizer is None and not self._build_tokenizer(config):
+            return True
+        name, self.suites_pending = self.suites_pending[0], self.suites_pending[1:]
+        options = config.suites[name]
         from evald.pipeline.suites.runner import SuiteRunner
+        from evald.pipeline.suites.tokenizer import check_covers
+
+        network_identity = {"model": specs.model.target, "model_kwargs": dict(specs.model.kwargs), "task": specs.task}
+        try:
+            scorer = None
+            if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
+                from evald.pipeline.group.scoring import GroupScorer
+                from evald.pipeline.suites.scoring import TokenScorer
+
+                ids = config.device.ids
+                wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
+                ranks = [r for r in range(self.group.size) if ids[r % len(ids)] in wanted]
+                scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
+                                                             max_length=options.max_length,
+                                                             batch_size=options.batch_size), ranks)
+            runner = SuiteRunner(name, options, self.evaluator.network, self._tokenizer,  # type: ignore
+                                 network_identity=network_identity, scorer=scorer)
+            if self._model_vocab is None:
+                self._model_vocab = runner.scorer.vocab_size()
+            check_covers(self._tokenizer, self._model_vocab)  # else plausible numbers that mean nothing
+            self.suites[name] = runner
+        except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
+            self.suite_errors[name] = f"cannot build suite {name}: {exc}"
+            log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],
+                      exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))
+        return True
+
+    def _build_tokenizer(self, config: EvaldConfig) -> bool:
+        """The suites' tokenizer; False (every pending suite failed, with the reason) when it cannot be built."""
+        from evald.contracts.wire import FactorySpec
         from evald.pipeline.suites.tokenizer import build_tokenizer
 
         try:
@@ -196,32 +245,14 @@ class Pipeline:
                     if config.tokenizer_factory else None)
             if spec is not None:
                 check_allowed(spec, "tokenizer", config.factory_allow)
-            tokenizer = build_tokenizer(spec)
+            self._tokenizer = build_tokenizer(spec)
         except Exception as exc:  # noqa: BLE001 - a bad tokenizer blocks the suites, not the validation
-            for name in config.suites:
+            for name in self.suites_pending:
                 self.suite_errors[name] = f"cannot build the tokenizer: {exc}"
+            self.suites_pending = ()
             log.error("benchmark suites not run: cannot build the tokenizer: %s", exc)
-            return
-        network_identity = {"model": specs.model.target, "model_kwargs": dict(specs.model.kwargs), "task": specs.task}
-        for name, options in sorted(config.suites.items()):
-            try:
-                scorer = None
-                if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
-                    from evald.pipeline.group.scoring import GroupScorer
-                    from evald.pipeline.suites.scoring import TokenScorer
-
-                    ids = config.device.ids
-                    wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
-                    ranks = [r for r in range(self.group.size) if ids[r % len(ids)] in wanted]
-                    scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
-                                                                 max_length=options.max_length,
-                                                                 batch_size=options.batch_size), ranks)
-                self.suites[name] = SuiteRunner(name, options, self.evaluator.network, tokenizer,  # type: ignore
-                                                network_identity=network_identity, scorer=scorer)
-            except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
-                self.suite_errors[name] = f"cannot build suite {name}: {exc}"
-                log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],
-                          exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))
+            return False
+        return True
 
     def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome:
         """Suite ``name`` on step ``row``'s weights (swapped in first unless the network holds them)."""

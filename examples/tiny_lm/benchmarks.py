@@ -109,8 +109,10 @@ def write_benchmarks(directory: str | Path, next_line_count: int = 240, bpb_docs
         (root / f"bpb_{package}.yaml").write_text(_task_yaml(
             f"bpb_{package}", data / f"bpb_{package}.jsonl",
             "tag:\n  - stdlib_bpb\noutput_type: loglikelihood_rolling\ndoc_to_text: \"\"\n"
-            "doc_to_target: \"{{text}}\"\nmetric_list:\n  - metric: word_perplexity\n"
-            "  - metric: byte_perplexity\n  - metric: bits_per_byte\n"))
+            "doc_to_target: \"{{text}}\"\nmetric_list:\n"  # each with its aggregation: lm-eval warns otherwise
+            "  - metric: word_perplexity\n    aggregation: weighted_perplexity\n    higher_is_better: false\n"
+            "  - metric: byte_perplexity\n    aggregation: weighted_perplexity\n    higher_is_better: false\n"
+            "  - metric: bits_per_byte\n    aggregation: bits_per_byte\n    higher_is_better: false\n"))
     return str(root)
 
 

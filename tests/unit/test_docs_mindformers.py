@@ -75,9 +75,14 @@ def test_the_evald_commands_and_the_toml_pass_evalds_validation(page, llama, mon
     with_kwargs = [c for c in configs if c.model_factory]
     assert with_kwargs and all(c.model_kwargs == llama for c in with_kwargs), "the evald command's --model-kwargs"
     assert any(c.device.target == "CPU" for c in configs), "a command a CPU-only machine can run"
-    [toml] = [code for language, code in blocks(page) if language == "toml"]
+    toml, suites = [code for language, code in blocks(page) if language == "toml"]
     (tmp_path / "evald.toml").write_text(toml)
     from_toml = parse_config(["--config", "evald.toml"], environ={}).config
+    top, tables = suites.split("\n[", 1)   # section 3: its top-level key among section 1's, its tables at the end
+    head, rest = toml.split("\n[", 1)
+    (tmp_path / "suites.toml").write_text(f"{head}\n{top}\n[{rest}\n[{tables}")
+    with_suite = parse_config(["--config", "suites.toml"], environ={}).config
+    assert with_suite.tokenizer_factory == "mypkg.eval_tokenizer:build" and list(with_suite.suites) == ["hellaswag"]
     assert from_toml.model_kwargs == llama and from_toml.device.target == "CPU"
     assert (from_toml.model_factory, from_toml.data_factory, from_toml.data_kwargs) == (
         with_kwargs[0].model_factory, with_kwargs[0].data_factory, with_kwargs[0].data_kwargs)

@@ -109,6 +109,9 @@ class GroupScorer:
     def buckets(self):
         return self.local.buckets
 
+    def vocab_size(self) -> int:
+        return self.local.vocab_size()
+
     def warm_up(self, generate: bool = True) -> int:
         return self.local.warm_up(generate)   # the other ranks compile theirs at their first share
 

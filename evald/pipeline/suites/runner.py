@@ -12,9 +12,11 @@ comparable: the lm-eval version; each task's name, the sha256 of its resolved co
 ``dump_config``, functions by name) and of its selected documents; ``num_fewshot``; the subset's
 seed and size; the tokenizer's hash (evald.pipeline.suites.tokenizer); the scorer's max_length; the
 prefix token of rolling windows and empty contexts (it changes bits_per_byte). The
-ledger keys a suite's cells on ``cell_identity``: the suite identity together with the
-validation's network identity (model factory and kwargs), so another model configuration makes
-new cells too, while two runs' per-sample files stay comparable on the suite identity alone.
+ledger keys a suite's cells on ``cell_identity``: the suite identity's hash followed by a hash of
+the validation's network identity (model factory and kwargs), so another model configuration makes
+new cells too, while two runs' per-sample files stay comparable on the suite identity alone; and
+its first 12 characters, which is what status, compare, the log and the file names show, are the
+suite identity's.
 
 Numbers you can trust: a document whose log-likelihood is not finite (weights that give NaN or Inf)
 makes ``run()`` raise NonFiniteScores, naming each task and how many of its documents, so the cell
@@ -115,6 +117,7 @@ class SuiteRunner:
 
         from evald.pipeline.suites.lm_adapter import EvaldLM
 
+        quiet_lm_eval_git()
         started = time.time()
         self.name, self.options = name, options
         self.lm_eval_version = getattr(lm_eval, "__version__", "unknown")
@@ -146,7 +149,9 @@ class SuiteRunner:
             "prefix_token": self.lm.prefix_token_id}
         self.identity_sha256 = _sha256(self.identity)
         self.network_identity = dict(network_identity or {})
-        self.cell_identity = _sha256({"suite": self.identity_sha256, "network": self.network_identity})
+        # The suite identity, then the network's hash: every place that shows an identity's first 12
+        # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
+        self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self.scorer.warm_up()
         log.info("suite %s ready in %.1fs: %d task(s), %d document(s), identity %s, %d graph(s) compiled", name,
                  time.time() - started, len(tasks), sum(len(d) for d in self.documents.values()),
@@ -179,6 +184,25 @@ class SuiteRunner:
             raise NonFiniteScores(self.name, broken, nonfinite)
         return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
                            self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
+
+
+def quiet_lm_eval_git() -> None:
+    """lm-eval records the git commit of the current directory at every evaluation (``git describe
+    --always``), letting git print "fatal: not a git repository" to evald's log outside a checkout.
+    Its own answer, asked with git's stderr closed; the same fallback (reading .git) when git fails."""
+    import subprocess
+
+    import lm_eval.evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    def get_git_commit_hash() -> str | None:
+        try:
+            return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL,
+                                           timeout=10).strip().decode()
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+            return get_commit_from_path(os.getcwd())
+
+    lm_eval.evaluator.get_git_commit_hash = get_git_commit_hash
 
 
 def _aggregates(result: Mapping[str, Any]) -> dict[str, float]:

@@ -152,6 +152,14 @@ class TokenScorer:
                 return n
         raise ValueError(f"{length} tokens do not fit max_length {self.max_length}")
 
+    def vocab_size(self) -> int:
+        """The model's vocabulary: the last dimension of its logits, on one batch of the smallest bucket
+        (one more graph, once; the logits of that one batch come to the host)."""
+        import mindspore as ms
+
+        zeros = np.zeros((self.batch_size, self.lengths[0]), np.int32)
+        return int(self.network(ms.Tensor(zeros)).shape[-1])
+
     def warm_up(self, generate: bool = True) -> int:
         """Compile every bucket's graphs now; the number compiled so far."""
         for n in self.lengths:

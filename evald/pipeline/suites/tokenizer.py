@@ -152,6 +152,33 @@ def build_tokenizer(spec: FactorySpec | None) -> Tokenizer:
     return adapt(call_factory(spec, "tokenizer"), f"the tokenizer factory {spec.target!r}")
 
 
+def vocabulary_size(tokenizer: Tokenizer) -> int | None:
+    """How many token ids the tokenizer has (``vocab_size``, else ``len(get_vocab())``), or None."""
+    size = getattr(tokenizer, "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    vocab = getattr(getattr(tokenizer, "inner", tokenizer), "get_vocab", None)
+    return len(vocab()) if callable(vocab) else None
+
+
+def check_covers(tokenizer: Tokenizer, model_vocab: int) -> None:
+    """TokenizerError unless the tokenizer's ids are the model's: the same vocabulary, or the model's
+    padded past it (LLMs round their embedding up, e.g. to a multiple of 64 or 128: at most 1% or 128
+    ids). A tokenizer larger than the model gives ids past its logits; a much smaller one (the byte
+    tokenizer on a 32,000-token model) scores text the model never saw as its tokens: numbers that
+    look plausible and mean nothing."""
+    size = vocabulary_size(tokenizer)
+    if size is None:
+        return  # nothing to compare: the tokenizer does not say
+    padding = max(128, model_vocab // 100)
+    if size > model_vocab or model_vocab - size > padding:
+        what = "the byte tokenizer (no --tokenizer-factory)" if isinstance(tokenizer, ByteTokenizer) else (
+            f"the tokenizer {type(getattr(tokenizer, 'inner', tokenizer)).__name__}")
+        raise TokenizerError(f"{what} has {size} token ids and the model's vocabulary (its logits) {model_vocab}: "
+                             f"it cannot be the model's tokenizer; give the model's own with --tokenizer-factory "
+                             f"(docs/benchmarks.md)")
+
+
 def tokenizer_hash(tokenizer: Tokenizer) -> str:
     """sha256 of what the tokenizer does: class, EOS, vocabulary if exposed, the probe text's ids."""
     inner = getattr(tokenizer, "inner", tokenizer)

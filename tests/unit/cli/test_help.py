@@ -67,3 +67,21 @@ def test_subset_help_explains_every_option_without_typos(capsys):
     assert not unexplained, f"options with no help: {unexplained}"
     flat = re.sub(r"\s+", " ", out)
     assert "default: 256" in flat and "default: 1234" in flat
+
+
+def test_every_subcommand_is_named_in_help_the_module_and_the_architecture(capsys):
+    """Issue 26 item 9: `evald --help` and docs/architecture.md left out `backfill` (and the
+    architecture `compare`)."""
+    from pathlib import Path
+
+    from evald.cli import main as main_module
+    from evald.cli.main import SUBCOMMANDS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = capsys.readouterr().out
+    architecture = (Path(__file__).resolve().parents[3] / "docs" / "architecture.md").read_text()
+    for name in SUBCOMMANDS:
+        assert f"evald {name}" in " ".join(shown.split()), name
+        assert f"evald {name}" in main_module.__doc__, name
+        assert f"`{name}`" in architecture, name

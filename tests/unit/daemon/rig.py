@@ -29,11 +29,15 @@ class MeanWeightPipeline:
         self.subset = SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0)
         self.blocked_reason = None
         self.suites: dict = {}
+        self.suites_pending: tuple[str, ...] = ()
         self.suite_errors: dict[str, str] = {}
         self.evaluated: list[int] = []
 
     def ensure_built(self, config) -> bool:
         return True
+
+    def build_next_suite(self) -> bool:
+        return False
 
     def evaluate(self, ckpt_dir: Path, row) -> Evaluated:
         path = ckpt_dir / row.source

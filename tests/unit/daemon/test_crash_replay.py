@@ -53,9 +53,13 @@ class StandInPipeline:
         self.suites = {"fast": SimpleNamespace(options=SimpleNamespace(every_k=1), cell_identity="c" * 64,
                                                identity={"tokenizer": "t" * 64})}
         self.suite_errors: dict[str, str] = {}
+        self.suites_pending: tuple[str, ...] = ()
 
     def ensure_built(self, config):
         return True
+
+    def build_next_suite(self):
+        return False
 
     def evaluate_suite(self, name, ckpt_dir, row):
         self.suite_evaluated.append(row.step)

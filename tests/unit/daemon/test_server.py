@@ -25,8 +25,12 @@ class NothingToEvaluate:
     validation_identity = None
     suites: dict = {}
     suite_errors: dict = {}
+    suites_pending: tuple = ()
 
     def ensure_built(self, config):
+        return False
+
+    def build_next_suite(self):
         return False
 
     def evaluate(self, ckpt_dir, row):

@@ -20,7 +20,7 @@ def ledger(tmp_path):
 def _pipeline(tokenizer="t" * 64, every_k=1, names=("fast",)):
     suites = {n: SimpleNamespace(options=SimpleNamespace(every_k=every_k), cell_identity=f"{n}-id".ljust(64, "0"),
                                  identity={"tokenizer": tokenizer}) for n in names}
-    return SimpleNamespace(suites=suites, suite_errors={}, validation_identity="v" * 64)
+    return SimpleNamespace(suites=suites, suite_errors={}, suites_pending=(), validation_identity="v" * 64)
 
 
 def _evaluate(ledger, step):

@@ -72,3 +72,19 @@ def test_state_survives_a_restart_and_a_new_run_clears_the_old_runs_stop():
     restored.begin_run("r2")  # the trainer started a new run in the same directory
     assert restored.stop_at_step is None and restored.control_state().run_id == "r2"
     assert restored.control_state().seq == d.seq + 1 and restored.best_step == 10  # the policy's memory stays
+
+
+def test_a_re_evaluated_older_step_gives_no_learning_rate_advice():
+    """Issue 26 item 9: re-evaluating older steps (evald retry --step, backfill) fed the LR advisor as if
+    they came after the newest one: three of them read as "both stalled" and a plateau advice followed."""
+    from evald.config import EvaldConfig
+    from evald.decisions.decisions import Decisions
+
+    decisions = Decisions(EvaldConfig())
+    for step, loss in ((100, 3.0), (200, 2.8), (300, 2.6), (400, 2.5)):
+        decisions.observe_eval(step, {"eval/loss": loss}, newest_step=step, every_n_steps=100)
+    decisions.rebuild_best({100: {"eval/loss": 3.0}, 200: {"eval/loss": 2.8}, 300: {"eval/loss": 2.6},
+                            400: {"eval/loss": 2.5}})
+    for step, loss in ((100, 3.0), (200, 2.8), (300, 2.6)):   # evaluated again, out of order
+        outcome = decisions.observe_eval(step, {"eval/loss": loss}, newest_step=400, every_n_steps=100)
+        assert outcome.advice is None and decisions.lr_advice is None

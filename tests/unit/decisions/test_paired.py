@@ -120,3 +120,12 @@ def test_one_document_has_no_spread_and_its_json_stays_strict():
     result = compare("acc", np.array([0.0]), np.array([1.0]), resamples=10)
     assert result.difference == 1.0 and math.isnan(result.se) and math.isnan(result.mde)
     assert json.loads(json.dumps(result.to_json(), allow_nan=False))["se"] is None
+
+
+def test_no_document_changed_gives_no_mde_rather_than_zero():
+    """Issue 26 item 9: `compare` printed "MDE 0.0000" when no document changed. A zero paired SE
+    says the two steps agree on every document, not that any effect at all would be detected."""
+    values = np.array([0.0, 1.0, 1.0, 0.0, 1.0])
+    result = paired.compare("acc", values, values.copy())
+    assert result.difference == 0.0 and result.se == 0.0
+    assert math.isnan(result.mde) and result.to_json()["mde"] is None

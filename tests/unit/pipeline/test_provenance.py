@@ -142,9 +142,13 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
         validation_identity = None      # no identity: no results are superseded here
         suites: dict = {}
         suite_errors: dict = {}
+        suites_pending: tuple = ()
 
         def ensure_built(self, config):
             return True
+
+        def build_next_suite(self):
+            return False
 
         def evaluate(self, ckpt_dir, row):
             from evald.pipeline.pipeline import Evaluated
@@ -173,3 +177,63 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
     assert sorted(shown) == [10, 20, 30] and "`w30`" in shown[30] and "**config**" in shown[30]
     [(step, said)] = text_events(run_dir, "evald/comparability/text_summary")
     assert step == 30 and said.startswith("not comparable with step 20: the evaluation config (subset_size")
+
+
+def test_a_re_evaluated_older_step_is_compared_with_its_neighbour_and_leaves_the_newest_as_reference(tmp_path):
+    """Issue 26 item 9: after a re-evaluation (evald retry --step) the comparability check compared the
+    old step with the newest one, and then the next new step with the re-evaluated old one: two
+    "not comparable" warnings for points that compare well with their neighbours."""
+    from evald.config import EvaldConfig, ResolvedConfig
+    from evald.daemon.run import Run
+    from evald.ledger.ledger import Ledger
+    from evald.ledger.requeue import retry
+    from evald.pipeline.pipeline import Evaluated
+    from evald.pipeline.subset import SubsetInfo
+    from tests.harness import text_events
+
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20, 30):
+        layout.write_checkpoint(ckpt, step, {"w": np.full(4, step, np.float32)}, run_id="r")
+    configs = {10: {"subset_size": 24}, 20: {"subset_size": 24}, 30: {"subset_size": 48}, 40: {"subset_size": 48}}
+
+    class Pipeline:  # the config changes at step 30; step 10 is then evaluated again
+        subset = SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0)
+        blocked_reason = None
+        validation_identity = None
+        suites: dict = {}
+        suite_errors: dict = {}
+        suites_pending: tuple = ()
+
+        def ensure_built(self, config):
+            return True
+
+        def build_next_suite(self):
+            return False
+
+        def evaluate(self, ckpt_dir, row):
+            found = {"weights_sha256": f"w{row.step}", "weights_digest_of": "test", "subset_sha256": "s",
+                     "config": configs[row.step], "swap_check": "verified (sampled)"}
+            return Evaluated(EvalResult({"eval/loss": 1.0}, {}, 0.0, 0.0, 0.0, found))
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = dataclasses.replace(EvaldConfig(), lag_policy="all")
+    run = Run(ResolvedConfig(config, {}), ckpt, run_dir, control=None, receiver=None, events=queue.Queue(),
+              pipeline=Pipeline())
+    try:
+        while run.work():
+            pass
+        ledger = Ledger(run_dir / "ledger.sqlite")
+        retry(ledger, [10], "again", evaluated_too=True)
+        ledger.close()
+        while run.work():
+            pass
+        layout.write_checkpoint(ckpt, 40, {"w": np.full(4, 40, np.float32)}, run_id="r")
+        run.tick()
+        run.intake.found(layout.step_dir_name(40), "rescan")
+        while run.work():
+            pass
+    finally:
+        run.close()
+    said = text_events(run_dir, "evald/comparability/text_summary")
+    assert [step for step, _ in said] == [30], said    # only where the config really changed

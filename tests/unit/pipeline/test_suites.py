@@ -160,3 +160,19 @@ def test_generate_until_is_greedy_stops_at_until_and_scores_exact_match(network,
         assert sample["metrics"]["exact_match"] == float(want == doc["answer"])
     assert task.metrics["exact_match"] == pytest.approx(np.mean([s["metrics"]["exact_match"] for s in task.samples]))
     assert result.compiled_graphs == runner.scorer.compiled_graphs  # generation compiled nothing new
+
+
+def test_one_identity_string_for_a_suite_whatever_the_network(include, network, mc, tmp_path):
+    """Issue 26 item 4 (seen): status showed the cell's hash, compare, the log and the file names the
+    suite's. The cell identity now begins with the suite identity, so the 12 characters every place
+    shows are one string, while another model still makes other cells."""
+    runner, result = mc
+    made = [SuiteRunner("mc", SuiteOptions(tasks=("stdlib_next_line",), include_path=(include,), limit=24, seed=3,
+                                           batch_size=4), network, ByteTokenizer(), scorer=runner.scorer,
+                        network_identity={"model": model}) for model in ("a:build", "b:build")]
+    assert made[0].cell_identity != made[1].cell_identity
+    shown = {r.cell_identity[:12] for r in made} | {runner.cell_identity[:12], result.identity_sha256[:12]}
+    data = write_samples(tmp_path, suite="mc", task="stdlib_next_line", step=7, identity=result.identity,
+                         identity_sha256=result.identity_sha256, cell_identity=made[0].cell_identity,
+                         metrics={}, samples=[])
+    assert shown == {data.name.split(".")[1]}
