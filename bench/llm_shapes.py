@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--batch-size", default="1", help="TokenScorer batch_size (a number or auto)")
+    parser.add_argument("--lengths", default="", help="bucket lengths, e.g. 768,1024 (default: evald's ladder; "
+                        "fewer buckets compile faster on a loaded machine)")
     parser.add_argument("--mc-questions", type=int, default=6)
     parser.add_argument("--mc-context", type=int, default=650)
     parser.add_argument("--bpb-sets", type=int, default=10)
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     report: dict = {"args": vars(args), "model_params": sum(int(np.prod(p.shape)) for p in net.get_parameters())}
 
     started = time.perf_counter()
-    scorer = TokenScorer(net, batch_size=batch_size)
+    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
+    scorer = TokenScorer(net, batch_size=batch_size, lengths=lengths)
     scorer.warm_up(generate="gen" in workloads)
     report["warm_up_s"] = time.perf_counter() - started
     report["buckets"] = [list(b) for b in scorer.buckets]
