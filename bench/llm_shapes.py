@@ -48,6 +48,7 @@ def _old_scoring():
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("old_scoring", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["old_scoring"] = module   # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
