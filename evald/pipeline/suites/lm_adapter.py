@@ -12,7 +12,9 @@ an empty context is scored after the prefix/EOS token) and evald does the scorin
   ``prefix_token`` (also the context of an empty one) is the suite's ``prefix_token``, by default
   lm-eval's HFLM convention: the tokenizer's BOS, else its EOS;
 * ``generate_until``: greedy decoding only (a request asking for sampling is a ValueError), stopping
-  at any ``until`` string (cut from the text, as HFLM does), at EOS, or at ``max_gen_toks``.
+  at any ``until`` string (cut from the text, as HFLM does), at EOS, or at ``max_gen_toks``; the stop
+  check decodes only the last few tokens at each step (``_stopper``), and the scorer decodes with
+  the network's cache when it has one (evald.pipeline.suites.scoring).
 
 The ``scorer`` is anything with TokenScorer's ``score``/``generate``/``max_length``: the local
 TokenScorer, or an eval group's scorer that splits the requests over its ranks (lm-eval still sees
@@ -127,7 +129,11 @@ class EvaldLM(TemplateLM):
         return texts
 
     def _stopper(self, until: list[str]):
+        """Whether the ids so far hold a stop string, decoding only their tail (as lm-eval's
+        MultiTokenEOSCriteria does): the last len(encode(stop)) + 2 tokens, not the whole continuation,
+        at each new token. A stop string that the tail misses still cuts the text in generate_until."""
         stops = [s for s in until if s]
         if not stops:
             return None
-        return lambda ids: any(s in self.tok_decode(ids) for s in stops)
+        tail = max(len(self.tok_encode(s)) for s in stops) + 2
+        return lambda ids: any(s in self.tok_decode(ids[-tail:]) for s in stops)

@@ -1,10 +1,10 @@
-"""Token log-probabilities and greedy generation on the compiled network, in fixed shape buckets.
+"""Token log-probabilities and greedy generation on the compiled network, in a fixed set of shapes.
 
 ``TokenScorer`` is what benchmarks (evald.pipeline.suites.lm_adapter, lm-eval's ``loglikelihood``,
 ``loglikelihood_rolling`` and ``generate_until``) and an HTTP endpoint (``echo`` / ``logprobs``) run
 on the network that hot swaps feed. Graph mode compiles a graph for every new input shape, so
-every call runs in one of a small, fixed set of (batch, length) buckets, and a hot swap (which only
-writes parameters) never compiles anything.
+every call runs in one of a small, fixed set of (rows, length) buckets compiled at start
+(``warm_up``), and a hot swap (which only writes parameters) never compiles anything.
 
 API
 ---
@@ -12,41 +12,64 @@ API
     ``network`` maps int32 tokens (B, T) to logits (B, T, vocab) for any T <= max_length.
     ``max_length`` defaults to the network's ``max_length`` / ``seq_length`` / ``seq_len`` /
     ``max_position_embeddings`` attribute (or its ``config``'s). ``lengths`` are the bucket lengths
-    (default: max_length/4, /2 and max_length); every bucket has ``batch_size`` rows. ``top_k`` > 0
-    also returns the k most likely tokens at each position (one graph for every k up to it).
+    (default: ``length_ladder``, a geometric ladder from max_length/8 (at least 32) to max_length in
+    steps of sqrt(2), so a row is padded by less than 42%, 17% on average). Every forward runs the same token
+    budget, ``batch_size * max_length`` tokens: a bucket of length n has ``batch_size * max_length // n``
+    rows (``rows_for``). ``batch_size="auto"`` sizes that budget to fit memory (``auto_budget``).
+    ``top_k`` > 0 also returns the k most likely tokens at each position.
 ``scorer.score([ScoreRequest(context, continuation), ...]) -> [TokenScores, ...]``
     Per continuation token: its log-probability given everything before it, whether it is the
     argmax (greedy) token, and with ``top_k`` the k best (ids, log-probabilities). Inputs longer than
     ``max_length + 1`` tokens lose context on the left, as lm-eval's HFLM does
     (``(context + continuation)[-(max_length + 1):][:-1]``); ``TokenScores.truncated`` says how many.
     A continuation longer than ``max_length`` is a ValueError.
+    Shared contexts: a request's input row is ``(context + continuation)[:-1]``; requests whose rows
+    are equal, or one a prefix of the other, run as ONE row (the network is causal, so a position's
+    logits depend only on the tokens up to it): the single-token choices of a multiple-choice question
+    are all read at the last position of one forward over its context. The graph reads the
+    requested (row, position, token) log-probabilities on the device (``ReadLogProbs``); rows are
+    sorted by length and packed into the shortest bucket that holds them.
 ``scorer.generate([GenerateRequest(context, max_new_tokens, stop), ...], eos_id=None) -> [[int], ...]``
-    Greedy continuation of each context on a fixed buffer (one forward pass per new token, no KV
-    cache), ending a row at ``eos_id``, at ``max_new_tokens``, when ``stop(generated_ids)`` is true,
-    or at the bucket's end. Contexts are left-truncated to ``max_length - max_new_tokens`` (HFLM).
+    Greedy continuation of each context, ending a row at ``eos_id``, at ``max_new_tokens``, when
+    ``stop(generated_ids)`` is true, or at the bucket's end. Contexts are left-truncated to
+    ``max_length - max_new_tokens`` (HFLM). A network that implements ``CachedDecoder``
+    (evald.pipeline.tasks.generation) is prefilled in chunks of ``PREFILL_CHUNK`` tokens into a static
+    cache of the bucket's length, then decodes one token per row per step; any other network runs
+    a full forward of the bucket per new token (the fallback). ``scorer.decoding`` says which, and
+    the log says it once.
 ``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint);
 ``scorer.compiled_graphs`` counts the (graph, shape) pairs compiled so far;
-``scorer.stats`` counts real and padded tokens run, for throughput.
+``scorer.stats`` counts requested, real and padded tokens run, for throughput.
 
-Padding changes no log-probability: rows are right-padded, the network is causal, a request always
+Padding changes no log-probability: rows are right-padded, the network is causal, a row always
 lands in the same bucket (the shortest that fits it), and a row's result does not depend on what
 the other rows hold (tests/unit/pipeline/test_scoring.py checks this bit for bit on the demo model).
-Only (B, T) or (B, T, k) results leave the device, never (B, T, vocab) logits.
+Only per-read results, (R,) or (R, k), leave the device, never (B, T, vocab) logits; generation
+brings back one token per row per step (or (B, vocab) logits for sampling).
 
-May import: the pipeline's tasks (generation's fixed-buffer cell).
+May import: the pipeline's tasks (generation's fixed-buffer cell and cached-decoding interface).
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 from mindspore import nn, ops
 
-from evald.pipeline.tasks.generation import NextTokenLogits, position_index
+from evald.pipeline.tasks.generation import ExtendStep, NextTokenLogits, decodes_with_cache, position_index
+
+log = logging.getLogger("evald.pipeline.suites.scoring")
 
 _LENGTH_ATTRIBUTES = ("max_length", "seq_length", "seq_len", "max_position_embeddings", "max_seq_len")
+_VOCAB_ATTRIBUTES = ("vocab_size", "n_vocab", "vocabulary_size")
+PREFILL_CHUNK = 256          # tokens per prefill chunk of cached generation (at most the bucket's length)
+LADDER_RATIO = math.sqrt(2)  # consecutive bucket lengths: padding < 42% of a row, 17% on average
+AUTO_MEMORY_SHARE = 0.25     # the share of available memory ``batch_size="auto"`` lets one forward's logits take
 
 
 @dataclass(frozen=True)
@@ -81,66 +104,138 @@ class GenerateRequest:
 
 @dataclass
 class ScorerStats:
-    real_tokens: int = 0        # tokens of requests run through the network
+    requested_tokens: int = 0   # input tokens of the requests as asked (each pair alone, no cache)
+    real_tokens: int = 0        # tokens run through the network that a result needed
     padded_tokens: int = 0      # every position run, padding included
     forward_passes: int = 0
 
 
-class TokenLogProbs(nn.Cell):
-    """(B, T) tokens and targets -> the targets' log-probabilities, the argmax, and the top k, on device."""
+class ReadLogProbs(nn.Cell):
+    """(B, T) tokens and (R, 3) reads of (row, position, token) -> each read's log-probability, the
+    argmax at its (row, position), and the top k there; all on the device, only (R,)/(R, k) come back."""
 
     def __init__(self, network: nn.Cell, top_k: int = 0) -> None:
         super().__init__()
         self.network = network
         self.top_k = top_k
 
-    def construct(self, tokens, targets):
-        logits = self.network(tokens).astype(np.float32)             # (B, T, V)
+    def construct(self, tokens, reads):
+        logits = self.network(tokens).astype(np.float32)            # (B, T, V)
         logp = ops.log_softmax(logits, -1)
-        chosen = ops.gather_elements(logp, 2, targets.expand_dims(-1)).squeeze(-1)   # (B, T)
-        greedy = ops.argmax(logits, -1)                              # (B, T)
+        where = reads[:, :2]
+        chosen = ops.gather_nd(logp, reads)                          # (R,)
+        greedy = ops.gather_nd(ops.argmax(logits, -1), where)        # (R,)
         if self.top_k > 0:
             values, ids = ops.topk(logp, self.top_k)                 # (B, T, k)
-            return chosen, greedy, values, ids
+            return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where)
         return chosen, greedy
 
 
 def model_max_length(network: Any) -> int | None:
     """The longest input ``network`` accepts, from its (or its config's) usual attribute names."""
+    return _model_int(network, _LENGTH_ATTRIBUTES)
+
+
+def _model_int(network: Any, names: tuple[str, ...]) -> int | None:
     for holder in (network, getattr(network, "config", None)):
-        for name in _LENGTH_ATTRIBUTES:
+        for name in names:
             value = getattr(holder, name, None) if holder is not None else None
             if isinstance(value, int) and value > 0:
                 return value
     return None
 
 
+def length_ladder(max_length: int, ratio: float = LADDER_RATIO) -> tuple[int, ...]:
+    """Bucket lengths from max_length down by ``ratio`` (rounded up to 16, or 64 past 512) to max_length/8
+    (none shorter than 32 tokens: below that a graph costs more to compile than padding costs to run)."""
+    shortest = max(1, min(max_length, max(32, max_length // 8)))
+    lengths = [max_length]
+    while True:
+        step = 64 if lengths[-1] > 512 else 16
+        n = int(math.ceil(lengths[-1] / ratio / step) * step)
+        if n >= lengths[-1]:
+            n = lengths[-1] - step
+        if n < shortest:
+            break
+        lengths.append(n)
+    return tuple(sorted(lengths))
+
+
+def auto_budget(network: Any, max_length: int, available_bytes: int | None = None) -> int:
+    """Tokens per forward so that the float32 logits and log-probabilities (2 x tokens x vocab x 4 bytes)
+    take at most AUTO_MEMORY_SHARE of the memory available now; at least max_length, at most 64 x max_length."""
+    vocab = _model_int(network, _VOCAB_ATTRIBUTES)
+    if vocab is None:
+        raise ValueError(f"batch_size auto needs the vocabulary size of {type(network).__name__}: set one of "
+                         f"{', '.join(_VOCAB_ATTRIBUTES)} on it (or its config), or give a number")
+    available = available_bytes if available_bytes is not None else _available_memory()
+    tokens = int(AUTO_MEMORY_SHARE * available // (2 * vocab * 4))
+    return int(min(64 * max_length, max(max_length, tokens)))
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+@dataclass
+class _Row:
+    """One input row of a forward and the (position, token) reads it carries for its requests."""
+    tokens: tuple[int, ...]
+    reads: list[tuple[int, int]]
+
+
 class TokenScorer:
-    def __init__(self, network: nn.Cell, *, max_length: int | None = None, batch_size: int = 8,
+    def __init__(self, network: nn.Cell, *, max_length: int | None = None, batch_size: int | str = 8,
                  lengths: Sequence[int] | None = None, top_k: int = 0) -> None:
         max_length = max_length or model_max_length(network)
         if not max_length:
             raise ValueError(f"cannot tell the longest input of {type(network).__name__}: give max_length "
                              f"(the suite's max_length), or set one of {', '.join(_LENGTH_ATTRIBUTES)} on it")
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size == "auto":
+            budget = auto_budget(network, max_length)
+            batch_size = max(1, budget // max_length)
+        elif not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or 'auto', got {batch_size!r}")
+        else:
+            budget = batch_size * max_length
         if lengths is None:
-            lengths = {max(1, max_length // 4), max(1, max_length // 2), max_length}
+            lengths = length_ladder(max_length)
         lengths = tuple(sorted(set(int(n) for n in lengths)))
         if not lengths or lengths[0] < 1 or lengths[-1] != max_length:
             raise ValueError(f"bucket lengths {lengths} must be positive and end at max_length {max_length}")
         self.network, self.max_length, self.batch_size, self.lengths = network, max_length, batch_size, lengths
+        self.token_budget = budget
         self.top_k = top_k
-        self._score_cell = TokenLogProbs(network, top_k)
+        self._score_cell = ReadLogProbs(network, top_k)
         self._next_cell = NextTokenLogits(network, greedy=True)
-        for cell in (self._score_cell, self._next_cell):
-            cell.set_train(False)
-        self._shapes: set[tuple[str, int, int]] = set()
+        self.cached = decodes_with_cache(network)
+        self._extend_cell = ExtendStep(network, greedy=True) if self.cached else None
+        for cell in (self._score_cell, self._next_cell, self._extend_cell):
+            if cell is not None:
+                cell.set_train(False)
+        self._shapes: set[tuple[Any, ...]] = set()
         self.stats = ScorerStats()
+        log.info("token scorer: buckets %s, %d tokens per forward; generation: %s", list(self.buckets),
+                 budget, self.decoding)
+
+    @property
+    def decoding(self) -> str:
+        """Which generation path runs: ``cached`` (the network is a CachedDecoder) or ``full-forward``."""
+        return "cached" if self.cached else "full-forward"
+
+    def rows_for(self, length: int) -> int:
+        return max(1, self.token_budget // length)
 
     @property
     def buckets(self) -> tuple[tuple[int, int], ...]:
-        return tuple((self.batch_size, n) for n in self.lengths)
+        return tuple((self.rows_for(n), n) for n in self.lengths)
 
     @property
     def compiled_graphs(self) -> int:
@@ -163,41 +258,91 @@ class TokenScorer:
     def warm_up(self, generate: bool = True) -> int:
         """Compile every bucket's graphs now; the number compiled so far."""
         for n in self.lengths:
-            zeros = np.zeros((self.batch_size, n), np.int32)
-            self._score_batch(zeros, zeros)
-            if generate:
-                self._next_tokens(zeros, np.zeros(self.batch_size, np.int32))
+            rows = self.rows_for(n)
+            zeros = np.zeros((rows, n), np.int32)
+            self._score_batch(zeros, np.zeros((rows * n, 3), np.int32))
+            if generate and self.cached:
+                cache = self.network.init_cache(rows, n)
+                chunk = min(n, PREFILL_CHUNK)
+                _, cache = self._extend(np.zeros((rows, chunk), np.int32), np.zeros(rows, np.int32),
+                                        np.zeros(rows, np.int32), cache)
+                self._extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
+                             cache)
+            elif generate:
+                self._next_tokens(zeros, np.zeros(rows, np.int32))
         return self.compiled_graphs
 
     # -- log-probabilities ---------------------------------------------------------------------
     def score(self, requests: Sequence[ScoreRequest]) -> list[TokenScores]:
-        rows = [self._row(r) for r in requests]
-        results: list[TokenScores | None] = [None] * len(rows)
-        by_bucket: dict[int, list[int]] = {}
-        for i, (tokens, _, _) in enumerate(rows):
-            by_bucket.setdefault(self.bucket_for(len(tokens)), []).append(i)
-        for n, members in sorted(by_bucket.items()):
-            for start in range(0, len(members), self.batch_size):
-                chunk = members[start:start + self.batch_size]
-                inputs = np.zeros((self.batch_size, n), np.int32)
-                targets = np.zeros((self.batch_size, n), np.int32)
-                for r, i in enumerate(chunk):
-                    tokens, target, _ = rows[i]
-                    inputs[r, :len(tokens)], targets[r, :len(target)] = tokens, target
-                out = self._score_batch(inputs, targets)
-                for r, i in enumerate(chunk):
-                    tokens, target, truncated = rows[i]
-                    count = len(requests[i].continuation)
-                    span = slice(len(tokens) - count, len(tokens))
-                    top_ids = top_lp = None
-                    if self.top_k > 0:
-                        top_lp, top_ids = out[2][r, span].copy(), out[3][r, span].astype(np.int64)
-                    results[i] = TokenScores(out[0][r, span].copy(), out[1][r, span] == target[span],
-                                             top_ids, top_lp, truncated)
-                self.stats.real_tokens += sum(len(rows[i][0]) for i in chunk)
-        return results  # type: ignore[return-value]
+        prepared = [self._row(r) for r in requests]
+        rows, placement = self._share(prepared)
+        values: list[dict[tuple[int, int], tuple]] = [dict() for _ in rows]
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens))
+        batch: list[int] = []
+        for i in order:
+            n = self.bucket_for(len(rows[i].tokens))
+            if batch and (self.bucket_for(len(rows[batch[0]].tokens)) != n or len(batch) >= self.rows_for(n)
+                          or sum(len(rows[j].reads) for j in batch) + len(rows[i].reads) > self.rows_for(n) * n):
+                self._run_rows(rows, batch, values)
+                batch = []
+            batch.append(i)
+        if batch:
+            self._run_rows(rows, batch, values)
+        results = []
+        for (tokens, target, truncated, count), (row, _) in zip(prepared, placement):
+            got = [values[row][(p, int(target[p]))] for p in range(len(tokens) - count, len(tokens))]
+            top_ids = top_lp = None
+            if self.top_k > 0:
+                top_lp = np.stack([g[2] for g in got]).astype(np.float32)
+                top_ids = np.stack([g[3] for g in got]).astype(np.int64)
+            results.append(TokenScores(np.asarray([g[0] for g in got], np.float32),
+                                       np.asarray([g[1] for g in got], bool), top_ids, top_lp, truncated))
+            self.stats.requested_tokens += len(tokens)
+        return results
 
-    def _row(self, request: ScoreRequest) -> tuple[np.ndarray, np.ndarray, int]:
+    def _share(self, prepared: list) -> tuple[list[_Row], list[tuple[int, int]]]:
+        """One row per distinct input that is no prefix of another; each request's (row, length)."""
+        inputs = sorted({tuple(int(t) for t in p[0]) for p in prepared})
+        owner: dict[tuple[int, ...], int] = {}
+        rows: list[_Row] = []
+        # In lexicographic order, a sequence that is a prefix of any other is a prefix of the one just after it.
+        for k in range(len(inputs) - 1, -1, -1):
+            tokens = inputs[k]
+            after = inputs[k + 1] if k + 1 < len(inputs) else None
+            if after is not None and len(after) > len(tokens) and after[:len(tokens)] == tokens:
+                owner[tokens] = owner[after]
+            else:
+                owner[tokens] = len(rows)
+                rows.append(_Row(tokens, []))
+        seen: list[set] = [set() for _ in rows]
+        placement = []
+        for tokens, target, _, count in prepared:
+            row = owner[tuple(int(t) for t in tokens)]
+            for p in range(len(tokens) - count, len(tokens)):
+                read = (p, int(target[p]))
+                if read not in seen[row]:
+                    seen[row].add(read)
+                    rows[row].reads.append(read)
+            placement.append((row, len(tokens)))
+        return rows, placement
+
+    def _run_rows(self, rows: list[_Row], batch: list[int], values: list[dict]) -> None:
+        n = self.bucket_for(len(rows[batch[0]].tokens))
+        inputs = np.zeros((self.rows_for(n), n), np.int32)
+        reads = np.zeros((self.rows_for(n) * n, 3), np.int32)
+        owners: list[tuple[int, tuple[int, int]]] = []
+        for r, i in enumerate(batch):
+            inputs[r, :len(rows[i].tokens)] = rows[i].tokens
+            for position, token in rows[i].reads:
+                reads[len(owners)] = (r, position, token)
+                owners.append((i, (position, token)))
+        out = self._score_batch(inputs, reads)
+        for k, (i, read) in enumerate(owners):
+            top = (out[2][k], out[3][k]) if self.top_k > 0 else (None, None)
+            values[i][read] = (out[0][k], int(out[1][k]) == read[1]) + top
+        self.stats.real_tokens += sum(len(rows[i].tokens) for i in batch)
+
+    def _row(self, request: ScoreRequest) -> tuple[np.ndarray, np.ndarray, int, int]:
         context, continuation = list(request.context), list(request.continuation)
         if not continuation:
             raise ValueError("a continuation needs at least one token to score")
@@ -208,15 +353,16 @@ class TokenScorer:
             raise ValueError("a context needs at least one token (lm-eval passes the prefix/EOS token)")
         whole = context + continuation
         kept = whole[-(self.max_length + 1):]
-        return (np.asarray(kept[:-1], np.int32), np.asarray(kept[1:], np.int32), len(whole) - len(kept))
+        return (np.asarray(kept[:-1], np.int32), np.asarray(kept[1:], np.int32), len(whole) - len(kept),
+                len(continuation))
 
-    def _score_batch(self, inputs: np.ndarray, targets: np.ndarray) -> list[np.ndarray]:
+    def _score_batch(self, inputs: np.ndarray, reads: np.ndarray) -> list[np.ndarray]:
         import mindspore as ms
 
         self._shapes.add(("score",) + inputs.shape)
         self.stats.padded_tokens += inputs.size
         self.stats.forward_passes += 1
-        return [t.asnumpy() for t in self._score_cell(ms.Tensor(inputs), ms.Tensor(targets))]
+        return [t.asnumpy() for t in self._score_cell(ms.Tensor(inputs), ms.Tensor(reads))]
 
     # -- greedy generation ---------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerateRequest], eos_id: int | None = None) -> list[list[int]]:
@@ -231,34 +377,89 @@ class TokenScorer:
         by_bucket: dict[int, list[int]] = {}
         for i, (context, new, _) in enumerate(prepared):
             by_bucket.setdefault(self.bucket_for(min(self.max_length, len(context) + new)), []).append(i)
+        run = self._generate_cached if self.cached else self._generate_batch
         for n, members in sorted(by_bucket.items()):
-            for start in range(0, len(members), self.batch_size):
-                chunk = members[start:start + self.batch_size]
-                self._generate_batch(n, [prepared[i] for i in chunk], [results[i] for i in chunk], eos_id)
+            members = sorted(members, key=lambda i: len(prepared[i][0]))   # similar contexts share a prefill
+            for start in range(0, len(members), self.rows_for(n)):
+                chunk = members[start:start + self.rows_for(n)]
+                run(n, [prepared[i] for i in chunk], [results[i] for i in chunk], eos_id)
         return results
 
+    def _accept(self, rows: list, outputs: list[list[int]], chosen: np.ndarray, active: np.ndarray,
+                ends: np.ndarray, n: int, eos_id: int | None) -> list[int]:
+        """Append each active row's chosen token; the rows that took one (ends: last filled position)."""
+        took = []
+        for r in np.flatnonzero(active):
+            _, limit, stop = rows[r]
+            token = int(chosen[r])
+            if eos_id is not None and token == eos_id:
+                active[r] = False
+                continue
+            outputs[r].append(token)
+            ends[r] += 1
+            took.append(int(r))
+            self.stats.real_tokens += 1
+            if len(outputs[r]) >= limit or ends[r] + 1 >= n or (stop is not None and stop(outputs[r])):
+                active[r] = False
+        return took
+
+    def _generate_cached(self, n: int, rows: list, outputs: list[list[int]], eos_id: int | None) -> None:
+        """Prefill the contexts in chunks into a cache of n positions, then one token per row per step."""
+        batch = self.rows_for(n)
+        chunk = min(n, PREFILL_CHUNK)
+        lengths = np.ones(batch, np.int32)
+        for r, (context, _, _) in enumerate(rows):
+            lengths[r] = len(context)
+            self.stats.real_tokens += len(context)
+        longest = int(lengths[:len(rows)].max())
+        chosen = np.zeros(batch, np.int64)
+        cache = self.network.init_cache(batch, n)
+        for begin in range(0, longest, chunk):
+            tokens = np.zeros((batch, chunk), np.int32)
+            for r, (context, _, _) in enumerate(rows):
+                piece = context[begin:begin + chunk]
+                tokens[r, :len(piece)] = piece
+            read = np.clip(lengths - 1 - begin, 0, chunk - 1).astype(np.int32)
+            best, cache = self._extend(tokens, np.full(batch, begin, np.int32), read, cache)
+            here = (lengths - 1 >= begin) & (lengths - 1 < begin + chunk)
+            chosen[here] = best[here]
+        active = np.zeros(batch, bool)
+        active[:len(rows)] = True
+        ends = lengths.astype(np.int64) - 1
+        while True:
+            took = self._accept(rows, outputs, chosen, active, ends, n, eos_id)
+            if not active.any():
+                return
+            tokens = np.zeros((batch, 1), np.int32)
+            for r in took:
+                tokens[r, 0] = outputs[r][-1]
+            start = np.minimum(ends, n - 1).astype(np.int32)
+            chosen, cache = self._extend(tokens, start, np.zeros(batch, np.int32), cache)
+
+    def _extend(self, tokens: np.ndarray, start: np.ndarray, read: np.ndarray, cache: Any) -> tuple[np.ndarray, Any]:
+        import mindspore as ms
+
+        assert self._extend_cell is not None
+        self._shapes.add(("extend",) + tokens.shape + tuple(cache.shape))
+        self.stats.padded_tokens += tokens.size
+        self.stats.forward_passes += 1
+        best, cache = self._extend_cell(ms.Tensor(tokens), ms.Tensor(start), ms.Tensor(read), cache)
+        return best.asnumpy(), cache
+
     def _generate_batch(self, n: int, rows: list, outputs: list[list[int]], eos_id: int | None) -> None:
-        buffer = np.zeros((self.batch_size, n), np.int32)
-        positions = np.zeros(self.batch_size, np.int32)   # the last filled position of each row
-        active = np.zeros(self.batch_size, bool)
+        """The fallback: a full forward of the (rows, n) buffer per new token."""
+        batch = self.rows_for(n)
+        buffer = np.zeros((batch, n), np.int32)
+        ends = np.zeros(batch, np.int64)   # the last filled position of each row
+        active = np.zeros(batch, bool)
         for r, (context, _, _) in enumerate(rows):
             buffer[r, :len(context)] = context
-            positions[r], active[r] = len(context) - 1, True
+            ends[r], active[r] = len(context) - 1, True
             self.stats.real_tokens += len(context)
         while active.any():
-            chosen = self._next_tokens(buffer, positions)
-            for r in np.flatnonzero(active):
-                _, limit, stop = rows[r]
-                token = int(chosen[r])
-                if eos_id is not None and token == eos_id:
-                    active[r] = False
-                    continue
-                outputs[r].append(token)
-                positions[r] += 1
-                buffer[r, positions[r]] = token
-                self.stats.real_tokens += 1
-                if len(outputs[r]) >= limit or positions[r] + 1 >= n or (stop is not None and stop(outputs[r])):
-                    active[r] = False
+            chosen = self._next_tokens(buffer, ends)
+            for r in self._accept(rows, outputs, chosen, active, ends, n, eos_id):
+                buffer[r, ends[r]] = outputs[r][-1]
 
     def _next_tokens(self, buffer: np.ndarray, positions: np.ndarray) -> np.ndarray:
         import mindspore as ms

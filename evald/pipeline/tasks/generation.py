@@ -2,11 +2,13 @@
 
 The prompts are the first ``prompt_len`` tokens of the first ``prompts``
 samples of the fixed validation subset, so they are the same at every
-evaluation. Generation runs the network on a fixed (prompts, prompt_len +
-new_tokens) buffer and reads the logits at the current position (a gather with
-a tensor index), so neither a new token nor a new checkpoint recompiles
-anything. No KV cache: for sample-quality probes of a few dozen tokens the
-simplicity is worth more than the speed. Two continuations per prompt: greedy,
+evaluation. A network that implements ``CachedDecoder`` (below) is prefilled
+once with the prompts into a static cache of prompt_len + new_tokens positions
+and then decodes one token per row per step; any other network runs on a fixed
+(prompts, prompt_len + new_tokens) buffer, a full forward per new token, reading
+the logits at the current position (a gather with a tensor index). Both have
+fixed shapes, so neither a new token nor a new checkpoint recompiles anything.
+Two continuations per prompt: greedy,
 and seeded top-k/top-p sampling (same seed every evaluation, one generator per
 prompt, so differences between checkpoints come from the weights, not the dice,
 and a prompt's sample does not depend on which eval rank continued it).
@@ -14,13 +16,58 @@ and a prompt's sample does not depend on which eval rank continued it).
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from mindspore import nn, ops
 
 from evald.pipeline.metrics.sample_quality import sample_quality_report
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
+
+
+log = logging.getLogger("evald.pipeline.tasks.generation")
+
+
+@runtime_checkable
+class CachedDecoder(Protocol):
+    """The optional interface of a network that decodes incrementally (a static key/value cache).
+
+    ``init_cache(batch, capacity)`` returns the cache of ``batch`` rows for ``capacity`` positions
+    (one tensor, any layout the network likes; zeros are fine). ``extend(tokens, start, read, cache)``
+    takes (B, c) int32 ``tokens`` that sit at positions ``start[b] .. start[b] + c - 1`` of row ``b``
+    (``start``: (B,) int32), writes their keys and values into ``cache``, attends each token to the
+    cache's positions up to its own, and returns ``(logits, cache)``: the (B, vocab) logits at chunk
+    index ``read[b]`` of each row (the head runs at that position only) and the updated cache.
+    Positions past ``capacity - 1`` (padding) must be clamped to it, never raise. A prefill is one or
+    more chunks of c tokens; a decode step is c = 1. Shapes are static per (B, c, capacity), so Graph
+    mode compiles one graph per chunk size and capacity. The logits must be those of the network's
+    full forward at the same positions (up to float rounding): evald checks its greedy tokens against
+    the full-forward path in tests. Reference: examples/tiny_lm/model.py, examples/llm_decoder/model.py.
+    """
+
+    def init_cache(self, batch: int, capacity: int) -> Any: ...
+
+    def extend(self, tokens: Any, start: Any, read: Any, cache: Any) -> tuple[Any, Any]: ...
+
+
+def decodes_with_cache(network: nn.Cell) -> bool:
+    return isinstance(network, CachedDecoder)
+
+
+class ExtendStep(nn.Cell):
+    """One ``CachedDecoder.extend`` call as a graph: (logits (B, V) or with ``greedy`` their argmax (B,), cache)."""
+
+    def __init__(self, network: nn.Cell, greedy: bool = False) -> None:
+        super().__init__()
+        self.network = network
+        self.greedy = greedy
+
+    def construct(self, tokens, start, read, cache):
+        logits, cache = self.network.extend(tokens, start, read, cache)
+        if self.greedy:
+            return ops.argmax(logits, -1), cache
+        return logits, cache
 
 
 class NextTokenLogits(nn.Cell):
@@ -61,6 +108,8 @@ class SampleGenerator:
         self.seed = seed
         self.samples_in_tensorboard = samples_in_tensorboard
         self.cell: NextTokenLogits | None = None
+        self.extend: ExtendStep | None = None       # the cached path, for a network that is a CachedDecoder
+        self.network: nn.Cell | None = None
         self.prompts: np.ndarray | None = None      # this rank's buffer rows (padded to the common count)
         self.all_prompts: np.ndarray | None = None  # every prompt, for the report
         self.local_rows = np.zeros(0, int)          # which prompts this rank continues
@@ -83,6 +132,15 @@ class SampleGenerator:
         self.prompts = local
         self.cell = NextTokenLogits(network)
         self.cell.set_train(False)
+        self.network = network
+        if decodes_with_cache(network):
+            self.extend = ExtendStep(network)
+            self.extend.set_train(False)
+            log.info("sample generation: cached decoding (%s is a CachedDecoder)", type(network).__name__)
+        else:
+            self.extend = None
+            log.info("sample generation: a full forward per new token (%s has no init_cache/extend)",
+                     type(network).__name__)
 
     def layout(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         """The full-size arrays ``outputs`` fills (rows: all prompts), for an eval group's answer."""
@@ -112,11 +170,22 @@ class SampleGenerator:
             rows, prompt_len = self.prompts.shape
             buffer = np.zeros((rows, prompt_len + self.new_tokens), dtype=np.int32)
             buffer[:, :prompt_len] = self.prompts
+            cache = None
             for position in range(prompt_len, prompt_len + self.new_tokens):
                 if should_abort():
                     raise EvaluationInterrupted()
-                index = position_index(np.full(rows, position - 1))
-                logits = self.cell(ms.Tensor(buffer), ms.Tensor(index))
+                if self.extend is not None:   # prefill the prompts once, then one token per row per step
+                    if cache is None:
+                        cache = self.network.init_cache(rows, prompt_len + self.new_tokens)
+                        tokens, start, read = self.prompts, 0, prompt_len - 1
+                    else:
+                        tokens, start, read = buffer[:, position - 1:position], position - 1, 0
+                    logits, cache = self.extend(ms.Tensor(np.ascontiguousarray(tokens, np.int32)),
+                                                ms.Tensor(np.full(rows, start, np.int32)),
+                                                ms.Tensor(np.full(rows, read, np.int32)), cache)
+                else:
+                    index = position_index(np.full(rows, position - 1))
+                    logits = self.cell(ms.Tensor(buffer), ms.Tensor(index))
                 logits = logits.asnumpy().astype(np.float64)
                 self.vocab = logits.shape[-1]
                 if not np.isfinite(logits).all():

@@ -1,0 +1,234 @@
+"""evald's scoring engine at LLM shapes against the compute floor and against the old path (issue 28).
+
+    .venv/bin/python -m bench.llm_shapes [--d-model 512] [--layers 8] [--vocab 32000] [--max-length 2048]
+        [--mc-questions 6] [--bpb-sets 10] [--gen-contexts 2] [--gen-tokens 256] [--old-gen-tokens 4]
+
+One process, one LLM-shaped decoder (examples/llm_decoder: LLaMA-style, the transformer layers hold
+most FLOPs at d 512, 8 layers, vocabulary 32,000), Graph mode, random weights. Three workloads, each
+measured three ways side by side:
+
+* ``mc``: 5-shot multiple choice: ``--mc-questions`` contexts of 650 tokens (five shots and a
+  question, random ids), 4 single-token choices each, sent as lm-eval's ``loglikelihood`` requests
+  (one (context, choice) pair per request, as EvaldLM sends them);
+* ``bpb``: rolling log-likelihood over ``--bpb-sets`` held-out sets of one 600-token document each,
+  cut into windows with lm-eval's own ``get_rolling_token_windows`` + ``make_disjoint_window``
+  (as EvaldLM.loglikelihood_rolling does);
+* ``gen``: greedy generation of ``--gen-tokens`` tokens after 900-token contexts (no stop, no EOS).
+
+For each: **evald** (TokenScorer.score / generate as the adapter calls them; graphs compiled at start,
+not timed); the **floor** (the same network, in process: one forward over each distinct context at its
+exact length, all in one batch, reading the needed log-probabilities on the device; for generation one
+prefill at the exact context length plus one cached decode step per token, at the exact cache
+capacity; compiled first, not timed); the **old path** (TokenScorer as of commit 8bf67c1, read from git:
+every pair its own row, three fixed buckets, a full forward per new token) on a subset, scaled to the
+workload per request (mc, bpb) or per token (gen). Reported: tokens/s, the ratio to the floor, padding
+overhead (padded / real tokens run), graphs compiled, and the process's peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OLD_COMMIT = "8bf67c1"   # the engine before issue 28
+
+
+def _old_scoring():
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{OLD_COMMIT}:evald/pipeline/suites/scoring.py"],
+                            check=True, capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "old_scoring.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("old_scoring", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_scoring"] = module   # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--max-length", type=int, default=2048)
+    parser.add_argument("--batch-size", default="1", help="TokenScorer batch_size (a number or auto)")
+    parser.add_argument("--lengths", default="", help="bucket lengths, e.g. 768,1024 (default: evald's ladder; "
+                        "fewer buckets compile faster on a loaded machine)")
+    parser.add_argument("--mc-questions", type=int, default=6)
+    parser.add_argument("--mc-context", type=int, default=650)
+    parser.add_argument("--bpb-sets", type=int, default=10)
+    parser.add_argument("--bpb-doc", type=int, default=600)
+    parser.add_argument("--gen-contexts", type=int, default=2)
+    parser.add_argument("--gen-context", type=int, default=900)
+    parser.add_argument("--gen-tokens", type=int, default=256)
+    parser.add_argument("--old-gen-tokens", type=int, default=4, help="new tokens the old path generates")
+    parser.add_argument("--workloads", default="mc,bpb,gen")
+    parser.add_argument("--no-old", action="store_true", help="skip the old path")
+    args = parser.parse_args(argv)
+
+    import mindspore as ms
+    import numpy as np
+    from lm_eval import utils as lm_utils
+
+    from evald.pipeline.suites.scoring import GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
+    from evald.pipeline.tasks.generation import ExtendStep
+    from examples.llm_decoder.model import build_model
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = build_model(vocab_size=args.vocab, d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                      max_length=args.max_length, seed=0)
+    net.set_train(False)
+    rng = np.random.default_rng(0)
+    ids = lambda n: rng.integers(1, args.vocab, n).tolist()  # noqa: E731
+    batch_size = args.batch_size if args.batch_size == "auto" else int(args.batch_size)
+    workloads = args.workloads.split(",")
+    report: dict = {"args": vars(args), "model_params": sum(int(np.prod(p.shape)) for p in net.get_parameters())}
+
+    started = time.perf_counter()
+    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
+    scorer = TokenScorer(net, batch_size=batch_size, lengths=lengths)
+    scorer.warm_up(generate="gen" in workloads)
+    report["warm_up_s"] = time.perf_counter() - started
+    report["buckets"] = [list(b) for b in scorer.buckets]
+    report["graphs_at_start"] = scorer.compiled_graphs
+    print(json.dumps({"warm_up_s": report["warm_up_s"], "graphs": scorer.compiled_graphs}), flush=True)
+
+    reader = ReadLogProbs(net)
+    reader.set_train(False)
+    extend = ExtendStep(net, greedy=True)
+    extend.set_train(False)
+
+    def floor_score(rows: list[list[int]], reads_per_row: list[list[tuple[int, int]]]) -> float:
+        """One forward over the rows (equal lengths) at their exact shape; compiled first, then timed."""
+        tokens = ms.Tensor(np.asarray(rows, np.int32))
+        reads = ms.Tensor(np.asarray([(r, p, t) for r, rr in enumerate(reads_per_row) for p, t in rr], np.int32))
+        reader(tokens, reads)[0].asnumpy()
+        begin = time.perf_counter()
+        reader(tokens, reads)[0].asnumpy()
+        return time.perf_counter() - begin
+
+    def timed(call):
+        before = (scorer.stats.real_tokens, scorer.stats.padded_tokens, scorer.compiled_graphs)
+        begin = time.perf_counter()
+        out = call()
+        seconds = time.perf_counter() - begin
+        return out, seconds, scorer.stats.real_tokens - before[0], scorer.stats.padded_tokens - before[1], \
+            scorer.compiled_graphs - before[2]
+
+    old = _old_scoring() if not args.no_old else None
+    old_scorer = old.TokenScorer(net, batch_size=1) if old else None
+
+    def old_time(requests, n: int) -> float:
+        """The old path on ``requests`` (its bucket compiled first, untimed)."""
+        zeros = np.zeros((1, n), np.int32)
+        old_scorer._score_batch(zeros, zeros)
+        begin = time.perf_counter()
+        old_scorer.score(requests)
+        return time.perf_counter() - begin
+
+    if "mc" in workloads:
+        contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
+        choices = [ids(4) for _ in contexts]
+        requests = [ScoreRequest(c, [k]) for c, ks in zip(contexts, choices) for k in ks]
+        scores, seconds, real, padded, compiled = timed(lambda: scorer.score(requests))
+        floor = floor_score(contexts, [[(len(c) - 1, k) for k in ks] for c, ks in zip(contexts, choices)])
+        needed = sum(len(c) for c in contexts)
+        row = {"requests": len(requests), "needed_tokens": needed, "evald_s": seconds, "floor_s": floor,
+               "ratio_to_floor": seconds / floor, "evald_tokens_per_s": needed / seconds,
+               "floor_tokens_per_s": needed / floor, "padding_overhead": padded / real - 1,
+               "graphs_compiled_in_run": compiled}
+        if old:
+            subset = requests[:4]
+            old_s = old_time(subset, old_scorer.bucket_for(args.mc_context)) * len(requests) / len(subset)
+            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds)
+            mine = scorer.score(subset)
+            theirs = old_scorer.score(subset)
+            row["max_rel_diff_vs_old"] = float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
+                                                   for a, b in zip(mine, theirs)))
+            row["is_greedy_equal_vs_old"] = all(a.is_greedy == b.is_greedy for a, b in zip(mine, theirs))
+        report["mc"] = row
+        print(json.dumps({"mc": row}), flush=True)
+
+    if "bpb" in workloads:
+        windows = []
+        for _ in range(args.bpb_sets):
+            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=ids(args.bpb_doc), prefix_token=0, max_seq_len=args.max_length, context_len=1)):
+                windows.append(ScoreRequest(context, continuation))
+        scores, seconds, real, padded, compiled = timed(lambda: scorer.score(windows))
+        rows = [(list(w.context) + list(w.continuation))[:-1] for w in windows]
+        same = len({len(r) for r in rows}) == 1
+        floor = floor_score(rows, [[(p, t) for p, t in enumerate((list(w.context) + list(w.continuation))[1:])]
+                                   for w in windows]) if same else float("nan")
+        needed = sum(len(r) for r in rows)
+        row = {"windows": len(windows), "needed_tokens": needed, "evald_s": seconds, "floor_s": floor,
+               "ratio_to_floor": seconds / floor, "evald_tokens_per_s": needed / seconds,
+               "floor_tokens_per_s": needed / floor, "padding_overhead": padded / real - 1,
+               "graphs_compiled_in_run": compiled}
+        if old:
+            subset = windows[:2]
+            old_s = old_time(subset, old_scorer.bucket_for(len(rows[0]))) * len(windows) / len(subset)
+            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds)
+        report["bpb"] = row
+        print(json.dumps({"bpb": row}), flush=True)
+
+    if "gen" in workloads:
+        contexts = [ids(args.gen_context) for _ in range(args.gen_contexts)]
+        requests = [GenerateRequest(c, args.gen_tokens) for c in contexts]
+        outputs, seconds, real, padded, compiled = timed(lambda: scorer.generate(requests))
+        # the cached floor: one prefill at the exact context length, one decode step per token, all rows at once
+        g, capacity = len(contexts), args.gen_context + args.gen_tokens
+        tokens = ms.Tensor(np.asarray(contexts, np.int32))
+        zeros, last = ms.Tensor(np.zeros(g, np.int32)), ms.Tensor(np.full(g, args.gen_context - 1, np.int32))
+        step = ms.Tensor(np.zeros((g, 1), np.int32))
+        for _ in range(2):   # the first round compiles both graphs
+            cache = net.init_cache(g, capacity)
+            begin = time.perf_counter()
+            best, cache = extend(tokens, zeros, last, cache)
+            chosen = best.asnumpy()
+            for k in range(args.gen_tokens - 1):
+                step = ms.Tensor(chosen.reshape(g, 1).astype(np.int32))
+                best, cache = extend(step, ms.Tensor(np.full(g, args.gen_context + k, np.int32)), zeros, cache)
+                chosen = best.asnumpy()
+            floor = time.perf_counter() - begin
+        new = sum(len(o) for o in outputs)
+        row = {"contexts": g, "new_tokens": new, "evald_s": seconds, "cached_floor_s": floor,
+               "ratio_to_floor": seconds / floor, "evald_new_tokens_per_s": new / seconds,
+               "padding_overhead": padded / real - 1, "graphs_compiled_in_run": compiled,
+               "decoding": scorer.decoding}
+        if old:
+            subset = [GenerateRequest(contexts[0], args.old_gen_tokens)]
+            n = old_scorer.bucket_for(args.gen_context + args.old_gen_tokens)
+            old_scorer._next_tokens(np.zeros((1, n), np.int32), np.zeros(1, np.int32))
+            begin = time.perf_counter()
+            old_out = old_scorer.generate(subset)[0]
+            per_token = (time.perf_counter() - begin) / len(old_out)
+            old_s = per_token * new
+            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds,
+                       old_tokens_equal=old_out == outputs[0][:len(old_out)])
+        report["gen"] = row
+        print(json.dumps({"gen": row}), flush=True)
+
+    report["graphs_at_end"] = scorer.compiled_graphs
+    report["peak_rss_mb"] = _peak_rss_mb()
+    print(json.dumps({"graphs_at_end": report["graphs_at_end"], "peak_rss_mb": report["peak_rss_mb"]}), flush=True)
+    return report
+
+
+if __name__ == "__main__":
+    result = main()
+    json.dump(result, sys.stdout, indent=1, default=str)
+    print()

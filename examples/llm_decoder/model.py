@@ -1,0 +1,159 @@
+"""An LLM-shaped decoder (LLaMA-style: RMSNorm, rotary positions, SwiGLU, no biases) with evald's
+cached decoding, for benchmarks at LLM shapes (bench/llm_shapes.py) and as the reference
+implementation of evald.pipeline.tasks.generation.CachedDecoder.
+
+``build_model`` is the model factory evald calls (``examples.llm_decoder.model:build_model``): it
+returns a Cell mapping int32 tokens (B, T) to logits (B, T, vocab) for T <= max_length, and
+implementing
+
+* ``init_cache(batch, capacity)``: zeros of (layers, 2, batch, heads, capacity, d_head), float32;
+* ``extend(tokens, start, read, cache)``: (B, c) tokens at positions ``start[b] + i`` (clamped to
+  capacity - 1, so padding never indexes out of range); each layer scatters the chunk's keys and
+  values into its cache at those positions and attends every query to the cache's positions up to
+  its own; the head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache).
+
+The full forward and ``extend`` share every weight and the same per-position arithmetic, so the
+cached logits equal the full forward's up to float rounding (tests/unit/pipeline/test_llm_decoder.py).
+Independent of examples/llama_tp (a tensor-parallel model for eval groups).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import nn, ops
+
+
+class RMSNorm(nn.Cell):
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = ms.Parameter(ms.Tensor(np.ones(d_model, np.float32)), name="weight")
+        self.eps = eps
+
+    def construct(self, x):
+        return x * ops.rsqrt((x * x).mean(-1, keep_dims=True) + self.eps) * self.weight
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding of x (B, H, c, dh) with cos/sin (B, 1, c, dh/2) at each token's position."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return ops.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1)
+
+
+class Attention(nn.Cell):
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.wq = nn.Dense(d_model, d_model, has_bias=False)
+        self.wk = nn.Dense(d_model, d_model, has_bias=False)
+        self.wv = nn.Dense(d_model, d_model, has_bias=False)
+        self.wo = nn.Dense(d_model, d_model, has_bias=False)
+        self.scale = 1.0 / math.sqrt(self.d_head)
+
+    def heads(self, x, cos, sin):
+        b, c, _ = x.shape
+        split = lambda t: t.reshape(b, c, self.n_heads, self.d_head).transpose(0, 2, 1, 3)  # noqa: E731
+        return rotate(split(self.wq(x)), cos, sin), rotate(split(self.wk(x)), cos, sin), split(self.wv(x))
+
+    def attend(self, q, keys, values, masked):
+        b, _, c, _ = q.shape
+        att = ops.matmul(q, keys.transpose(0, 1, 3, 2)) * self.scale + masked * -1e9
+        y = ops.matmul(ops.softmax(att, axis=-1), values)
+        return self.wo(y.transpose(0, 2, 1, 3).reshape(b, c, self.n_heads * self.d_head))
+
+    def construct(self, x, cos, sin, masked):
+        q, k, v = self.heads(x, cos, sin)
+        return self.attend(q, k, v, masked)
+
+    def extend(self, x, cos, sin, masked, positions, keys, values):
+        q, k, v = self.heads(x, cos, sin)
+        b, _, c, _ = q.shape
+        where = positions.reshape(b, 1, c, 1).broadcast_to((b, self.n_heads, c, self.d_head))
+        keys = ops.tensor_scatter_elements(keys, where, k, axis=2)
+        values = ops.tensor_scatter_elements(values, where, v, axis=2)
+        return self.attend(q, keys, values, masked), keys, values
+
+
+class Block(nn.Cell):
+    def __init__(self, d_model: int, n_heads: int, d_ffn: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(d_model)
+        self.attn = Attention(d_model, n_heads)
+        self.ffn_norm = RMSNorm(d_model)
+        self.gate = nn.Dense(d_model, d_ffn, has_bias=False)
+        self.up = nn.Dense(d_model, d_ffn, has_bias=False)
+        self.down = nn.Dense(d_ffn, d_model, has_bias=False)
+
+    def ffn(self, x):
+        h = self.ffn_norm(x)
+        return self.down(ops.silu(self.gate(h)) * self.up(h))
+
+    def construct(self, x, cos, sin, masked):
+        x = x + self.attn(self.attn_norm(x), cos, sin, masked)
+        return x + self.ffn(x)
+
+    def extend(self, x, cos, sin, masked, positions, keys, values):
+        y, keys, values = self.attn.extend(self.attn_norm(x), cos, sin, masked, positions, keys, values)
+        x = x + y
+        return x + self.ffn(x), keys, values
+
+
+class LlamaDecoder(nn.Cell):
+    def __init__(self, vocab_size: int = 32000, d_model: int = 512, n_layers: int = 8, n_heads: int = 8,
+                 d_ffn: int | None = None, max_length: int = 2048, rope_base: float = 10000.0) -> None:
+        super().__init__()
+        d_ffn = d_ffn or int(8 * d_model / 3 + 63) // 64 * 64
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.blocks = nn.CellList([Block(d_model, n_heads, d_ffn) for _ in range(n_layers)])
+        self.norm = RMSNorm(d_model)
+        self.head = nn.Dense(d_model, vocab_size, has_bias=False)
+        d_head = d_model // n_heads
+        angles = np.outer(np.arange(max_length), rope_base ** (-np.arange(0, d_head, 2) / d_head))
+        self.cos_table = ms.Tensor(np.cos(angles).astype(np.float32))      # (max_length, d_head / 2)
+        self.sin_table = ms.Tensor(np.sin(angles).astype(np.float32))
+        self.max_length, self.vocab_size = max_length, vocab_size
+        self.n_layers, self.n_heads, self.d_head = n_layers, n_heads, d_head
+
+    def rotary(self, positions):
+        """cos, sin (B, 1, c, dh/2) at ``positions`` (B, c)."""
+        return ops.gather(self.cos_table, positions, 0).expand_dims(1), ops.gather(self.sin_table, positions, 0).expand_dims(1)
+
+    def construct(self, tokens):
+        b, t = tokens.shape
+        positions = ops.arange(t).reshape(1, t).astype(ms.int32)
+        cos, sin = self.rotary(positions)
+        masked = (ops.arange(t).reshape(1, t) > ops.arange(t).reshape(t, 1)).astype(ms.float32)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, cos, sin, masked)
+        return self.head(self.norm(x))
+
+    # -- evald's cached decoding (evald.pipeline.tasks.generation.CachedDecoder) ----------------------
+    def init_cache(self, batch: int, capacity: int):
+        return ops.zeros((self.n_layers, 2, batch, self.n_heads, capacity, self.d_head), ms.float32)
+
+    def extend(self, tokens, start, read, cache):
+        b, c = tokens.shape
+        capacity = cache.shape[4]
+        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
+                                capacity - 1)
+        cos, sin = self.rotary(positions)
+        masked = (ops.arange(capacity).reshape(1, 1, 1, capacity) > positions.reshape(b, 1, c, 1)).astype(ms.float32)
+        x = self.embed(tokens)
+        layers = []
+        for i, block in enumerate(self.blocks):
+            x, keys, values = block.extend(x, cos, sin, masked, positions, cache[i, 0], cache[i, 1])
+            layers.append(ops.stack((keys, values)))
+        last = ops.gather_elements(x, 1, read.reshape(b, 1, 1).broadcast_to((b, 1, x.shape[2])))
+        return self.head(self.norm(last)).squeeze(1), ops.stack(layers)
+
+
+def build_model(vocab_size: int = 32000, d_model: int = 512, n_layers: int = 8, n_heads: int = 8,
+                d_ffn: int | None = None, max_length: int = 2048, seed: int = 0) -> LlamaDecoder:
+    """The model factory. ``seed`` fixes the initial weights (evald overwrites them anyway)."""
+    ms.set_seed(seed)
+    np.random.seed(seed)
+    return LlamaDecoder(vocab_size, d_model, n_layers, n_heads, d_ffn, max_length)

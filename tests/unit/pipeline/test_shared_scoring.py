@@ -1,0 +1,137 @@
+"""Issue 28 on the demo model: requests that share a context run it once and score exactly as each pair
+alone; cached greedy decoding gives the full-forward fallback's tokens; the fallback runs for a network
+without the CachedDecoder interface; the graphs stay a fixed set, with none compiled on a hot swap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+
+from evald.pipeline.suites.scoring import (GenerateRequest, ScoreRequest, TokenScorer, auto_budget,  # noqa: E402
+                                           length_ladder)
+from evald.pipeline.tasks.generation import SampleGenerator, decodes_with_cache  # noqa: E402
+from examples.tiny_lm.model import build_model  # noqa: E402
+
+
+class ForwardOnly(ms.nn.Cell):
+    """The demo model without its cached-decoding methods: what a network without the interface looks like."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner = inner
+        self.max_length = inner.max_length
+
+    def construct(self, tokens):
+        return self.inner(tokens)
+
+
+@pytest.fixture(scope="module")
+def network():
+    before = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = build_model(seq_len=64, seed=5)
+    net.set_train(False)
+    yield net
+    ms.set_context(mode=before)
+
+
+@pytest.fixture(scope="module")
+def scorer(network):
+    s = TokenScorer(network, batch_size=2)
+    s.warm_up()
+    return s
+
+
+@pytest.fixture(scope="module")
+def fallback(network):
+    s = TokenScorer(ForwardOnly(network), batch_size=2)
+    s.warm_up()
+    return s
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(1, 256, n).tolist()
+
+
+def test_shared_contexts_score_as_each_pair_alone(scorer):
+    requests = []
+    for q in range(3):   # multiple choice: 4 single-token choices after each context
+        context = _tokens(q, 20 + 9 * q)
+        requests += [ScoreRequest(context, [c]) for c in _tokens(40 + q, 4)]
+    context = _tokens(7, 15)   # multi-token continuations, one a prefix of another's row
+    requests += [ScoreRequest(context, _tokens(8, 5)), ScoreRequest(context, _tokens(8, 3)),
+                 ScoreRequest(context + _tokens(8, 2), _tokens(8, 5)[2:4]), ScoreRequest(_tokens(9, 70), [3, 4])]
+    before = scorer.stats.real_tokens, scorer.stats.requested_tokens
+    together = scorer.score(requests)
+    real = scorer.stats.real_tokens - before[0]
+    requested = scorer.stats.requested_tokens - before[1]
+    assert real < requested / 2   # 4 rows for 12 choices; 1 row for 3 of the others
+    for request, got in zip(requests, together):
+        alone = scorer.score([request])[0]
+        np.testing.assert_allclose(got.logprobs, alone.logprobs, rtol=1e-6, atol=0)
+        assert abs(got.total - alone.total) <= 1e-6 * abs(alone.total)
+        assert got.greedy.tolist() == alone.greedy.tolist() and got.truncated == alone.truncated
+
+
+def test_cached_greedy_tokens_equal_the_full_forward_fallback(network, scorer, fallback):
+    assert decodes_with_cache(network) and scorer.decoding == "cached"
+    assert not decodes_with_cache(fallback.network) and fallback.decoding == "full-forward"
+    requests = [GenerateRequest(_tokens(20 + i, 3 + 11 * i), 4 + 5 * i) for i in range(6)]
+    requests.append(GenerateRequest(_tokens(30, 120), 12))   # left-truncated to fit the window
+    cached = scorer.generate(requests)
+    assert cached == fallback.generate(requests)
+    assert [len(c) for c in cached] == [min(r.max_new_tokens, 63) for r in requests]
+    eos = cached[3][2]
+    stop = lambda ids: len(ids) >= 3  # noqa: E731
+    asked = [GenerateRequest(r.context, r.max_new_tokens, stop) for r in requests[:4]]
+    assert scorer.generate(asked, eos_id=eos) == fallback.generate(asked, eos_id=eos)
+
+
+def test_sample_generator_cached_equals_full_forward(network):
+    data = [np.asarray(_tokens(60 + i, 40)) for i in range(3)]
+    results = []
+    for net in (network, ForwardOnly(network)):
+        generator = SampleGenerator(prompts=3, prompt_len=16, new_tokens=12)
+        generator.prepare(net, data, np.arange(3))
+        assert (generator.extend is not None) == (net is network)
+        results.append(generator.outputs())
+    for mode in ("greedy", "sampled"):
+        assert results[0][mode].tolist() == results[1][mode].tolist()
+
+
+def test_graphs_are_a_fixed_set_and_a_hot_swap_compiles_none(network, scorer):
+    compiled = scorer.compiled_graphs
+    assert compiled == 3 * len(scorer.lengths)
+    lengths = {n for _, n in scorer.buckets}
+    assert lengths == set(scorer.lengths)
+    params = {n: p for n, p in network.parameters_and_names()}
+    old = params["head.bias"].asnumpy().copy()
+    request = ScoreRequest(_tokens(1, 30), _tokens(2, 3))
+    before = scorer.score([request])[0].logprobs
+    generated = scorer.generate([GenerateRequest(_tokens(1, 30), 8)])
+    params["head.bias"].set_data(ms.Tensor(old + 1.0 * (np.arange(old.size) % 2)))
+    try:
+        for n in (2, 17, 33, 47, 63, 90):
+            scorer.score([ScoreRequest(_tokens(n, n), [1, 2])])
+            scorer.generate([GenerateRequest(_tokens(n, n), 5)])
+        assert not np.array_equal(before, scorer.score([request])[0].logprobs)
+    finally:
+        params["head.bias"].set_data(ms.Tensor(old))
+    assert scorer.generate([GenerateRequest(_tokens(1, 30), 8)]) == generated
+    assert scorer.compiled_graphs == compiled
+
+
+def test_the_ladder_bounds_padding_and_auto_fits_memory():
+    for top in (64, 1024, 2048, 4096):
+        ladder = length_ladder(top)
+        assert ladder[-1] == top and len(ladder) <= 10
+        assert all(b / a <= 1.5 for a, b in zip(ladder, ladder[1:]))
+    net = build_model(seq_len=64, seed=1)
+    net.vocab_size = 256
+    assert auto_budget(net, 64, available_bytes=10**6) == 122   # 0.25 MB / (2 x 256 x 4 bytes)
+    assert auto_budget(net, 64, available_bytes=10**3) == 64          # never below one full row
+    assert auto_budget(net, 64, available_bytes=10**12) == 64 * 64    # nor above 64 of them
+    with pytest.raises(ValueError, match="vocabulary size"):
+        auto_budget(build_model(seq_len=64, seed=1), 64)
