@@ -49,10 +49,10 @@ class TensorBoard:
     def tags(self, run: str) -> list[str]:
         return sorted(self.get("/data/plugin/scalars/tags").get(run, {}))
 
-    def until(self, read: Callable[[], T], want: T, timeout: float = 90) -> T:
-        """``read()`` once it equals ``want`` (TensorBoard reloads every 5 s), else its last answer."""
+    def until(self, read: Callable[[], T], done: Callable[[T], bool], timeout: float = 90) -> T:
+        """``read()`` once ``done`` with it (TensorBoard reloads every 5 s), else its last answer."""
         deadline, got = time.monotonic() + timeout, read()
-        while got != want and time.monotonic() < deadline:
+        while not done(got) and time.monotonic() < deadline:
             time.sleep(1)
             got = read()
         return got

@@ -29,7 +29,8 @@ def test_a_live_tensorboard_shows_backfilled_re_evaluated_and_restarted_points(t
     tensorboard = TensorBoard(tmp_path / "logs", tmp_path / "tensorboard.log")  # default flags
     procs.append(tensorboard.proc)
     loss = [(s, 4.0 - s / 1000) for s in STEPS]
-    assert _close(tensorboard.until(lambda: tensorboard.scalars("run/eval", "loss"), loss), loss)
+    shown = tensorboard.until(lambda: tensorboard.scalars("run/eval", "loss"), lambda got: _close(got, loss))
+    assert _close(shown, loss), shown
 
     # a backfill: the suite's cells newest first, one record (and one drain) each, TensorBoard reading
     for step in reversed(STEPS):
@@ -61,7 +62,8 @@ def test_a_live_tensorboard_shows_backfilled_re_evaluated_and_restarted_points(t
     procs.append(fresh.proc)
     for name, server in (("the TensorBoard that was open", tensorboard), ("a TensorBoard started now", fresh)):
         for tag, points in want.items():
-            shown = server.until(lambda: server.scalars("run/eval", tag), points)
+            shown = server.until(lambda: server.scalars("run/eval", tag),  # noqa: B023 - called right here
+                                 lambda got: _close(got, points))  # noqa: B023
             assert _close(shown, points), (name, tag, shown)
             assert _close(server.time_series("run/eval", tag), points), (name, tag)
     tensorboard.close()

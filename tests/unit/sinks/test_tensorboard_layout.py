@@ -84,6 +84,7 @@ def test_the_layout_opens_on_loss_and_the_monitor_with_margins(run):
 
 
 def test_a_new_metric_or_monitor_rewrites_the_layout_at_its_step_and_a_restart_does_not(run):
+    """Issue 26: the file shows one layout, the newest, at the step that changed it."""
     run_dir, ledger = run
     _evaluate(ledger, 10, {"eval/loss": 2.0, "eval/loss_se": 0.1})
     _evaluate(ledger, 20, {"eval/loss": 1.9, "eval/loss_se": 0.1})           # same: nothing
@@ -96,8 +97,9 @@ def test_a_new_metric_or_monitor_rewrites_the_layout_at_its_step_and_a_restart_d
     TensorBoardSink(run_dir, restarted).drain()
     restarted.close()
     layouts = _layouts(run_dir)
-    assert [step for step, _ in layouts] == [10, 30]
-    assert raw_scalar_steps(run_dir, f"eval/{L.LAYOUT_TAG}") == [10, 30]  # one point per step
+    # the newest layout only: the one of step 10 is replaced by the file's rewrite at the restart
+    assert [step for step, _ in layouts] == [30]
+    assert raw_scalar_steps(run_dir, f"eval/{L.LAYOUT_TAG}") == [30]
     assert _charts(layouts[-1][1])[1] == ("eval metrics ± standard error", ["eval mine"])
 
 
