@@ -39,6 +39,7 @@ import logging
 import os
 import re
 import socket
+import struct
 import time
 import uuid
 from collections import Counter
@@ -46,8 +47,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from tensorboardX.proto import event_pb2, summary_pb2
-from tensorboardX.record_writer import RecordWriter
-from tensorboardX.summary import scalar as scalar_summary
+from tensorboardX.summary import _clean_tag
 from tensorboardX.summary import text as text_summary
 
 from evald.ledger.disk_full import REMIND_S, RETRY_S, is_full
@@ -73,18 +73,18 @@ class EventLog:
         self._good = 0  # bytes of whole, fsynced records: a failed write is cut back to this
         self._abandoned = False
         self.path = self.logdir / f".evald-{uuid.uuid4().hex}.tmp"  # no "tfevents": TensorBoard skips it
-        self._writer = RecordWriter(str(self.path))
+        self._file = open(self.path, "wb")
         try:
-            self._writer.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
-                               .SerializeToString())
+            self._file.write(_framed(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+                                     .SerializeToString()))
             first = True
             for event in events:
                 if first:  # TensorBoard's Python reader (--load_fast=false) drops what it had from here
-                    self._writer.write(event_pb2.Event(wall_time=event.wall_time, step=event.step, session_log=(
-                        event_pb2.SessionLog(status=event_pb2.SessionLog.START))).SerializeToString())
+                    self._file.write(_framed(event_pb2.Event(wall_time=event.wall_time, step=event.step, session_log=(
+                        event_pb2.SessionLog(status=event_pb2.SessionLog.START))).SerializeToString()))
                     first = False
                 self.write_event(event, flush=False)
-            self._writer.flush()  # fsyncs
+            self._sync()
             final = self.logdir / _next_name(self.logdir)
             os.rename(self.path, final)
             self.path = final
@@ -102,8 +102,8 @@ class EventLog:
               texts: Mapping[str, str] | None = None, flush: bool = True,
               summaries: Iterable[summary_pb2.Summary] = ()) -> None:
         values = []
-        for tag, value in (scalars or {}).items():
-            values.extend(scalar_summary(tag, float(value)).value)  # NaN and inf are legal values
+        for tag, value in (scalars or {}).items():  # what tensorboardX's scalar() makes, without its checks
+            values.append(summary_pb2.Summary.Value(tag=_clean_tag(tag), simple_value=float(value)))  # NaN is legal
         for tag, content in (texts or {}).items():
             values.extend(text_summary(tag, content).value)
         for summary in summaries:
@@ -119,10 +119,10 @@ class EventLog:
     def _flush(self, event: event_pb2.Event | None = None, sync: bool = True) -> None:
         try:
             if event is not None:
-                self._writer.write(event.SerializeToString())
+                self._file.write(_framed(event.SerializeToString()))
             if not sync:
                 return
-            self._writer.flush()  # RecordWriter.flush fsyncs
+            self._sync()
         except OSError:
             self.abandon()
             raise
@@ -135,7 +135,7 @@ class EventLog:
             return
         self._abandoned = True
         with contextlib.suppress(OSError):
-            self._writer.close()
+            self._file.close()
         try:
             if self._good == 0:
                 self.path.unlink()
@@ -144,9 +144,30 @@ class EventLog:
         except OSError:
             pass
 
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
     def close(self) -> None:
         if not self._abandoned:
-            self._writer.close()
+            self._file.close()
+
+
+try:  # a C CRC-32C when installed (google-crc32c); tensorboardX's pure-Python one costs ~1 us a byte
+    from google_crc32c import value as _crc32c
+except ImportError:  # pragma: no cover - depends on the environment
+    from tensorboardX.crc32c import crc32c as _crc32c
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _framed(data: bytes) -> bytes:
+    """One TFRecord: length, its masked CRC-32C, the data, its masked CRC-32C (little-endian)."""
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
 
 
 _NAME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
