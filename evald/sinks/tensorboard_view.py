@@ -31,7 +31,8 @@ from typing import Iterable, Mapping
 
 from evald.ledger.ledger import SUPERSEDED_TAG, Record
 from evald.ledger.skips import TAG as SKIP_TAG
-from evald.sinks.tensorboard_layout import LAYOUT_STREAM, LAYOUT_TAG, shown_eval_scalars, shown_text_tag
+from evald.sinks.tensorboard_layout import (LAYOUT_STREAM, LAYOUT_TAG, SAMPLE_TEXTS, preformatted, shown_eval_scalars,
+                                            shown_text_tag)
 
 SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval", LAYOUT_STREAM: "eval"}  # stream -> sub-run
 STREAM_PREFIXES = {"train": "train/", "eval": "eval/"}           # dropped from tags in the sub-run
@@ -61,7 +62,8 @@ def shown(record: Record) -> tuple[dict[str, float], dict[str, str]]:
 
     if record.stream == "eval":
         return (shown_eval_scalars(record.scalars, name),
-                {shown_text_tag(name(k)): v for k, v in record.texts.items()})
+                {shown_text_tag(name(k)): preformatted(v) if k.startswith(SAMPLE_TEXTS[0]) else v
+                 for k, v in record.texts.items()})
     if record.stream == LAYOUT_STREAM:
         return {}, dict(record.texts)
     return {name(k): v for k, v in record.scalars.items()}, {name(k): v for k, v in record.texts.items()}

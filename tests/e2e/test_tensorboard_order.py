@@ -178,7 +178,7 @@ def _current_points(ckpt) -> dict[str, list[tuple[int, float]]]:
         db.close()
     out: dict[str, list[tuple[int, float]]] = {}
     for step, metrics in rows:
-        for tag, value in json.loads(metrics).items():
-            if tag.startswith("eval/") and not tag.endswith("_se"):  # an SE is shown as its margin's bounds
+        for tag, value in json.loads(metrics).items():  # the validation's eval/NAME, a suite's SUITE/TASK/METRIC
+            if not tag.endswith("_se"):  # a validation metric's SE is shown as its margin's bounds
                 out.setdefault(tag.removeprefix("eval/"), []).append((step, value))
     return {tag: sorted(points) for tag, points in out.items()}
