@@ -4,7 +4,7 @@ TensorBoard's Time Series and Scalars pages sort tag groups by name, so they ope
 metric sorts first (``accuracy``), not on loss. TensorBoard's own ``custom_scalars`` plugin
 shows a layout the writer chooses, in the order it chooses; evald writes one per run:
 
-1. "loss and <monitor>": train and eval loss on one chart (``^loss$`` matches the tag in both
+1. "loss and <monitor>": train and eval loss on one chart (``^Loss$`` matches the tag in both
    sub-runs), eval loss ± one standard error, and the monitored metric ± its SE;
 2. "eval metrics ± standard error": every other eval metric as a margin chart (value, value - SE,
    value + SE) in place of a chart of its own for the SE;
@@ -45,6 +45,8 @@ LAYOUT_STATE = "tensorboard_layout"      # ledger kv: the metric names and monit
 SE_SUFFIX = "_se"                        # evald.pipeline.metrics.uncertainty.SE_SUFFIX: eval/loss -> eval/loss_se
 SAMPLE_TEXTS = ("sample/", "Samples/")   # ledger prefix -> shown prefix of the sample texts
 CLOSED = ("sample quality", "evald")
+LOSS = "Loss"    # train/loss and eval/loss as shown: the capital sorts before every lowercase tag group, so
+                 # TensorBoard's Time Series page (groups sorted by code point, the first two open) opens on it
 SE_GROUP = "σ"  # sorts after every ASCII tag group in TensorBoard (see above)
 SUITES = "benchmark suites"
 HEADLINES = ("acc_norm", "acc", "exact_match", "f1", "bits_per_byte", "word_perplexity", "perplexity")
@@ -110,16 +112,16 @@ def layout(cover: Mapping[str, Any]) -> dict[str, dict[str, list]]:
     values = sorted(m for m in metrics if m.startswith("eval/") and not m.endswith(SE_SUFFIX) and m.count("/") == 1)
 
     def chart(metric: str) -> list:
-        name = metric.removeprefix("eval/")
+        name = shown_name(metric)
         if metric + SE_SUFFIX in metrics:
             return ["Margin", [margin_value(name), *bounds(name)]]
-        return ["Multiline", [f"^{name}$"]]
+        return ["Multiline", [f"^{re.escape(name)}$"]]
 
     def title(metric: str) -> str:
         name = metric.removeprefix("eval/")
         return f"eval {name} ± SE" if metric + SE_SUFFIX in metrics else f"eval {name}"
 
-    first: dict[str, list] = {"loss (train and eval)": ["Multiline", ["^loss$"]]}
+    first: dict[str, list] = {"loss (train and eval)": ["Multiline", [f"^{LOSS}$"]]}
     for metric in dict.fromkeys(["eval/loss", monitor]):
         if metric in values:
             first[title(metric)] = chart(metric)
@@ -150,6 +152,12 @@ def suite_charts(metrics: Iterable[str]) -> dict[str, list]:
         headline = next((h for h in HEADLINES if h in found), min(found))
         charts[f"{suite}: {headline}"] = ["Multiline", [f"^{re.escape(suite)}/[^/]+/{re.escape(headline)}$"]]
     return charts
+
+
+def shown_name(metric: str) -> str:
+    """A validation metric's tag in the eval sub-run (evald.sinks.tensorboard_view.shown_tag)."""
+    name = metric.removeprefix("eval/")
+    return LOSS if name == "loss" else name
 
 
 def layout_text(cover: Mapping[str, Any]) -> str:

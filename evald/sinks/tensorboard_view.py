@@ -31,7 +31,7 @@ from typing import Iterable, Mapping
 
 from evald.ledger.ledger import SUPERSEDED_TAG, Record
 from evald.ledger.skips import TAG as SKIP_TAG
-from evald.sinks.tensorboard_layout import (LAYOUT_STREAM, LAYOUT_TAG, SAMPLE_TEXTS, preformatted, shown_eval_scalars,
+from evald.sinks.tensorboard_layout import (LAYOUT_STREAM, LAYOUT_TAG, LOSS, SAMPLE_TEXTS, preformatted, shown_eval_scalars,
                                             shown_text_tag)
 
 SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval", LAYOUT_STREAM: "eval"}  # stream -> sub-run
@@ -49,9 +49,13 @@ def streams_of(name: str, known: Iterable[str] = ()) -> list[str]:
 
 
 def shown_tag(stream: str, tag: str) -> str:
-    """The tag as TensorBoard shows it in the stream's sub-run: ``eval/loss`` -> ``loss``."""
+    """The tag as TensorBoard shows it in the stream's sub-run: ``eval/loss`` -> ``Loss``, ``eval/accuracy``
+    -> ``accuracy`` (tensorboard_layout.LOSS says why the capital)."""
     prefix = STREAM_PREFIXES.get(stream)
-    return tag[len(prefix):] if prefix and tag.startswith(prefix) and len(tag) > len(prefix) else tag
+    if not (prefix and tag.startswith(prefix) and len(tag) > len(prefix)):
+        return tag
+    name = tag[len(prefix):]
+    return LOSS if name == "loss" else name
 
 
 def shown(record: Record) -> tuple[dict[str, float], dict[str, str]]:

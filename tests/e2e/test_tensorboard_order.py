@@ -36,7 +36,7 @@ def test_a_live_tensorboard_shows_backfilled_re_evaluated_and_restarted_points(t
     tensorboard = TensorBoard(tmp_path / "logs", tmp_path / "tensorboard.log")  # default flags
     procs.append(tensorboard.proc)
     loss = [(s, 4.0 - s / 1000) for s in STEPS]
-    shown = tensorboard.until(lambda: tensorboard.scalars("run/eval", "loss"), lambda got: _close(got, loss))
+    shown = tensorboard.until(lambda: tensorboard.scalars("run/eval", "Loss"), lambda got: _close(got, loss))
     assert _close(shown, loss), shown
 
     # a backfill: the suite's cells newest first, one record (and one drain) each, TensorBoard reading
@@ -61,8 +61,8 @@ def test_a_live_tensorboard_shows_backfilled_re_evaluated_and_restarted_points(t
     ledger.close()
 
     loss = [(s, 1.25 if s == 200 else 4.0 - s / 1000) for s in STEPS]
-    want = {"loss": loss,
-            "loss/se_lower": [(s, v - (0.02 if s == 200 else 0.01)) for s, v in loss],
+    want = {"Loss": loss,  # eval/loss as shown (evald.sinks.tensorboard_layout.LOSS)
+            "σ/Loss/lower": [(s, v - (0.02 if s == 200 else 0.01)) for s, v in loss],
             "bpb/email/bits_per_byte": [(s, 2.0 + s / 1000) for s in STEPS],
             "mc/next_line/acc": [(s, s / 1000) for s in (50, 100, 150, 200, 300)]}
     fresh = TensorBoard(tmp_path / "logs", tmp_path / "tensorboard-fresh.log")
@@ -180,5 +180,5 @@ def _current_points(ckpt) -> dict[str, list[tuple[int, float]]]:
     for step, metrics in rows:
         for tag, value in json.loads(metrics).items():  # the validation's eval/NAME, a suite's SUITE/TASK/METRIC
             if not tag.endswith("_se"):  # a validation metric's SE is shown as its margin's bounds
-                out.setdefault(tag.removeprefix("eval/"), []).append((step, value))
+                out.setdefault("Loss" if tag == "eval/loss" else tag.removeprefix("eval/"), []).append((step, value))
     return {tag: sorted(points) for tag, points in out.items()}

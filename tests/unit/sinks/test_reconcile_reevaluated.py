@@ -36,7 +36,7 @@ def test_a_pending_re_evaluation_is_written_and_one_already_on_disk_is_not_writt
     sink = TensorBoardSink(tmp_path, ledger)   # a restart: rewritten, then drained
     sink.drain()
     sink.close()
-    assert raw_points(tmp_path, "eval", "loss") == [(10, 3.339)]   # the new value, the old one gone
+    assert raw_points(tmp_path, "eval", "Loss") == [(10, 3.339)]   # the new value, the old one gone
     # the same record on disk but not marked written (a kill between the fsync and the mark)
     db = sqlite3.connect(tmp_path / "ledger.sqlite")
     db.execute("UPDATE records SET written=0 WHERE id=(SELECT MAX(id) FROM records)")
@@ -45,7 +45,7 @@ def test_a_pending_re_evaluation_is_written_and_one_already_on_disk_is_not_writt
     sink = TensorBoardSink(tmp_path, ledger)
     sink.drain()
     sink.close()
-    assert raw_points(tmp_path, "eval", "loss") == [(10, 3.339)]   # not written twice
+    assert raw_points(tmp_path, "eval", "Loss") == [(10, 3.339)]   # not written twice
     assert ledger.pending_records() == []
     ledger.close()
 
@@ -57,7 +57,7 @@ def test_a_re_evaluation_while_running_replaces_the_old_value_in_the_file(tmp_pa
         ledger.add_records([Record("eval", step, 1.0, {"eval/loss": loss}, {})])
         sink.drain()
     sink.close()
-    assert raw_points(tmp_path, "eval", "loss") == [(10, 2.5), (20, 2.0)]
+    assert raw_points(tmp_path, "eval", "Loss") == [(10, 2.5), (20, 2.0)]
     assert len(list((tmp_path / "eval").glob("events.out.tfevents.*"))) == 1  # the old file replaced
     assert not list((tmp_path / "eval").glob(".evald-*"))                    # no temporary file left
     ledger.close()

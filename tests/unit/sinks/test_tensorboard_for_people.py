@@ -25,18 +25,28 @@ def _group(tag: str) -> str:
 def test_standard_error_bounds_are_not_cards_beside_their_metric():
     scalars, _ = shown(Record("eval", 10, 0.0, LM, {}))
     groups = {_group(t) for t in scalars}
-    assert groups == {"loss", "accuracy", L.SE_GROUP}
+    assert groups == {"Loss", "accuracy", L.SE_GROUP}
     assert [t for t in scalars if _group(t) == "accuracy"] == ["accuracy"]  # one card in its group
     # the SE group sorts after every ASCII group name (TensorBoard sorts by code point: only the
     # first two groups are open on the first screen)
-    assert all(L.SE_GROUP > name for name in ("zz", "loss", "evald", "Samples", "train"))
+    assert all(L.SE_GROUP > name for name in ("zz", "Loss", "evald", "Samples", "train"))
+
+
+def test_the_first_group_of_the_time_series_page_is_train_and_eval_loss():
+    """TensorBoard sorts the groups by code point (numbers by value) and opens the first two: train
+    and eval loss share the tag ``Loss``, before every metric's and suite's lowercase group."""
+    eval_tags, _ = shown(Record("eval", 10, 0.0, {**LM, "eval/perplexity": 12.0, "evald/load_s": 0.1,
+                                                  "bpb/bpb_email/bits_per_byte": 1.2}, {}))
+    train_tags, _ = shown(Record("train", 10, 0.0, {"train/loss": 2.6, "train/lr": 1e-3, "health/nan": 0.0}, {}))
+    assert "Loss" in eval_tags and "Loss" in train_tags
+    assert sorted({_group(t) for t in {*eval_tags, *train_tags}})[0] == "Loss"
 
 
 def test_no_margin_chart_has_a_value_tag_that_the_train_run_has_too():
     """The Custom Scalars page lists under "Missing Tags" every run with a margin chart's value tag
     but not both bounds: the train sub-run has ``loss``."""
     layout = L.layout(L.covered(None, LM, "eval/accuracy"))
-    train_tags = {"loss", "lr", "grad_norm"}
+    train_tags = {"Loss", "lr", "grad_norm"}
     margins = [chart[1] for charts in layout.values() for chart in charts.values() if chart[0] == "Margin"]
     assert margins and all(value not in train_tags for value, _, _ in margins)
 

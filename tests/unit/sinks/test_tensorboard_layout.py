@@ -63,19 +63,19 @@ def test_the_layout_opens_on_loss_and_the_monitor_with_margins(run):
         ("sample quality", ["greedy continuations"]),
         ("evald", list(L.BOOKKEEPING))]
     first = layout.category[0]
-    assert list(first.chart[0].multiline.tag) == ["^loss$"]  # train/ and eval/ both have "loss": one chart
+    assert list(first.chart[0].multiline.tag) == ["^Loss$"]  # train/ and eval/ both have "Loss": one chart
     series = first.chart[1].margin.series[0]
-    assert (series.value, series.lower, series.upper) == ("σ/loss", "σ/loss/lower", "σ/loss/upper")
+    assert (series.value, series.lower, series.upper) == ("σ/Loss", "σ/Loss/lower", "σ/Loss/upper")
     assert [c.closed for c in layout.category] == [False, False, True, True]
 
     acc = EventAccumulator(str(run_dir / "eval"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
     assert not {t for t in scalars if t.endswith(SE_SUFFIX)}  # no chart of its own for an SE
-    assert {"loss", "σ/loss", "σ/loss/lower", "σ/loss/upper", "σ/accuracy/lower"} <= scalars
-    assert [e.value for e in acc.Scalars("σ/loss/lower")] == pytest.approx([2.45, 2.45])
-    assert [e.value for e in acc.Scalars("σ/loss/upper")] == pytest.approx([2.55, 2.55])
-    assert [e.value for e in acc.Scalars("σ/loss")] == pytest.approx([2.5, 2.5])
+    assert {"Loss", "σ/Loss", "σ/Loss/lower", "σ/Loss/upper", "σ/accuracy/lower"} <= scalars
+    assert [e.value for e in acc.Scalars("σ/Loss/lower")] == pytest.approx([2.45, 2.45])
+    assert [e.value for e in acc.Scalars("σ/Loss/upper")] == pytest.approx([2.55, 2.55])
+    assert [e.value for e in acc.Scalars("σ/Loss")] == pytest.approx([2.5, 2.5])
     texts = set(acc.Tags()["tensors"])
     assert {"Samples/greedy/text_summary", "evald/provenance/text_summary"} <= texts
     assert sorted(t for t in texts if t.endswith("text_summary"))[0].startswith("Samples/")  # first on the page
