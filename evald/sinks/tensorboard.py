@@ -79,7 +79,7 @@ class EventLog:
                                      .SerializeToString()))
             first = True
             for event in events:
-                if first:  # TensorBoard's Python reader (--load_fast=false) drops what it had from here
+                if first:  # a restart marker at the first step, for readers that purge on one
                     self._file.write(_framed(event_pb2.Event(wall_time=event.wall_time, step=event.step, session_log=(
                         event_pb2.SessionLog(status=event_pb2.SessionLog.START))).SerializeToString()))
                     first = False
