@@ -110,11 +110,15 @@ def test_every_point_of_a_real_evald_reaches_tensorboard(tmp_path, procs):
     procs.append(again)
     assert again.wait(900) == 0, again.output()[-3000:]
 
-    # a suite added; evald killed after its first cell, the others queued; a restart finishes them
+    # a suite added and backfilled beside a running evald, which is killed after the first cell: the
+    # others stay queued, and a restart finishes them
     mc = 'tasks = ["stdlib_next_line"]\nlimit = 16\nbatch_size = 4'
     config = _toml(tmp_path / "b.toml", include, {"bpb": bpb, "mc": mc})
     killed = faults.start(tmp_path, ckpt, "--config", config, "--lag-policy", "all", env=env, name="evald-killed")
     procs.append(killed)
+    wait_for(lambda: "suite mc ready" in killed.output(), 1200, "evald running with the mc suite built")
+    out = _evald("backfill", "--suite", "mc", "--ckpt-dir", str(ckpt), env=env)  # recorded for the running evald
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     wait_for(lambda: any(e == "suite:mc" and st == "evaluated" for _, e, st in _cells(ckpt)), 1200,
              "a first mc cell")
     killed.signal(signal.SIGKILL)
