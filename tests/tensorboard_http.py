@@ -41,7 +41,8 @@ class TensorBoard:
     def time_series(self, run: str, tag: str) -> list[tuple[int, float]]:
         """The same through the Time Series page's own request (its ``timeSeries`` endpoint)."""
         body = urllib.parse.urlencode({"requests": json.dumps([{"plugin": "scalars", "tag": tag, "run": run}])})
-        request = urllib.request.Request(f"{self.base}/data/plugin/timeseries/timeSeries", data=body.encode(), method="POST")
+        request = urllib.request.Request(f"{self.base}/data/plugin/timeseries/timeSeries", data=body.encode(),
+                                         method="POST")
         with urllib.request.urlopen(request, timeout=30) as response:
             [answer] = json.loads(response.read())
         return [(p["step"], p["value"]) for p in answer.get("runToSeries", {}).get(run, [])]
