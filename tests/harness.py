@@ -120,7 +120,8 @@ def sub_run_of(tag: str) -> tuple[str, str]:
     """(sub-run, tag as written there) of a ledger tag: eval/loss -> (eval, loss)."""
     for stream in ("eval", "train"):
         if tag.startswith(stream + "/"):
-            return stream, tag[len(stream) + 1:]
+            name = tag[len(stream) + 1:]
+            return stream, ("Loss" if name == "loss" else name)  # evald.sinks.tensorboard_layout.LOSS
     if tag.startswith("serve/"):  # evald --serve's records: their own sub-run, tags kept whole
         return "serve", tag
     return ("train" if tag.startswith("health/") else "eval"), tag
@@ -132,6 +133,8 @@ def ledger_tag(sub_run: str, tag: str) -> str:
         return "sample/" + tag[len("Samples/"):]
     if sub_run not in KEPT_NAMESPACES or tag.startswith(KEPT_NAMESPACES[sub_run]):
         return tag
+    if tag == "Loss":  # train/loss and eval/loss are shown as Loss (evald.sinks.tensorboard_layout.LOSS)
+        return f"{sub_run}/loss"
     return f"{sub_run}/{tag}"
 
 

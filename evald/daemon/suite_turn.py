@@ -32,6 +32,7 @@ from evald.ledger.samples import write_samples
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.pipeline.suites.tokenizer import TokenizerChanged, check_unchanged
+from evald.sinks import tensorboard_layout
 from evald.sinks.sample_files import paired_se_of_monitor
 
 log = logging.getLogger("evald")
@@ -240,6 +241,7 @@ def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
         if monitor is not None and monitor.wants(name):
             decided, kv = monitor.observe(run_dir, cell.step, scalars)
             texts.update(decided)
+        _suite_layout_if_new(ledger, cell.step, {f"eval/{k}": v for k, v in scalars.items()}, row.commit_time or now)
         record = Record("eval", cell.step, row.commit_time or now, {**scalars, **bookkeeping}, texts)
         ledger.finish_cell(cell.step, name, cell.identity, EVALUATED, metrics=scalars, record=record,
                            provenance={"identity": result.identity, "identity_sha256": result.identity_sha256,
@@ -263,14 +265,26 @@ def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
               outcome.reason)
 
 
+def _suite_layout_if_new(ledger: Ledger, step: int, scalars: Mapping[str, float], wall_time: float) -> None:
+    """The Custom Scalars layout, once a suite brings metrics it does not cover (a chart per suite;
+    ``scalars`` named as the layout's state names them, ``eval/SUITE/TASK/METRIC``)."""
+    state = ledger.get_state(tensorboard_layout.LAYOUT_STATE)
+    cover = tensorboard_layout.covered(state, scalars, (state or {}).get("monitor", "eval/loss"))
+    if cover != state:
+        ledger.add_records([Record(tensorboard_layout.LAYOUT_STREAM, step, wall_time, {},
+                                   {tensorboard_layout.LAYOUT_TAG: tensorboard_layout.layout_text(cover)})],
+                           kv={tensorboard_layout.LAYOUT_STATE: cover})
+
+
 def _samples_text(result: Any) -> str:
-    """A handful of documents per task, for TensorBoard's Text page."""
+    """A handful of documents per task, for TensorBoard's Text page: each task's documents as
+    preformatted text (a target such as ``# flake8: noqa`` is not Markdown)."""
     parts = []
     for task, task_result in result.tasks.items():
         metrics = ", ".join(f"{k} {v:.4g}" for k, v in task_result.metrics.items() if not k.endswith("_stderr"))
         parts.append(f"**{task}** ({task_result.documents} documents; {metrics})")
-        for sample in task_result.samples[:SAMPLES_SHOWN]:
-            resps = str(sample["resps"])[:200]
-            parts.append(f"- doc {sample['doc_id']}: target `{sample['target'][:80]!s}`, resps `{resps}`, "
-                         f"metrics {sample['metrics']}")
-    return "  \n".join(parts)
+        docs = [f"doc {sample['doc_id']}: target {str(sample['target'])[:80]!r}, resps {str(sample['resps'])[:200]}, "
+                f"metrics {sample['metrics']}" for sample in task_result.samples[:SAMPLES_SHOWN]]
+        if docs:
+            parts.append(tensorboard_layout.preformatted("\n".join(docs)))
+    return "\n\n".join(parts)

@@ -418,6 +418,21 @@ class Ledger:
                        rid) for rid, stream, step, wall_time, payload in rows]
 
     @durable
+    def record_streams(self) -> list[str]:
+        """The streams that have records (the TensorBoard sink's sub-runs)."""
+        return [s for (s,) in self._db.execute("SELECT DISTINCT stream FROM records ORDER BY stream")]
+
+    @durable
+    def records(self, streams: Sequence[str]) -> list[Record]:
+        """Every record of these streams, written or pending, in the order they were committed (the
+        TensorBoard sink rewrites a sub-run's events from them: evald.sinks.tensorboard_view)."""
+        marks = ",".join("?" * len(streams))
+        rows = self._db.execute(f"SELECT id, stream, step, wall_time, payload FROM records WHERE stream IN ({marks}) "
+                                "ORDER BY id", tuple(streams)).fetchall()
+        return [Record(stream, step, wall_time, (data := json.loads(payload)).get("scalars", {}), data.get("texts", {}),
+                       rid) for rid, stream, step, wall_time, payload in rows]
+
+    @durable
     def written_records(self, steps: Sequence[int]) -> list[Record]:
         """Records already written to TensorBoard at these steps (the sink's start-up reconciliation)."""
         out = []

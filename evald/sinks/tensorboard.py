@@ -1,4 +1,5 @@
-"""TensorBoard output with exactly one record per step and stream, even across crashes.
+"""TensorBoard output: each sub-run's event file shows one current value per (tag, step), even across
+crashes and whatever order the points come in.
 
 The layout follows the convention of Keras' TensorBoard callback (``train/`` and
 ``validation/`` runs with the same tag names): a run directory has one sub-run per
@@ -12,13 +13,23 @@ The ledger keeps the stream-prefixed names; a metric's standard error is written
 bounds of a margin and the sample texts as ``Samples/...`` (tensorboard_layout.py).
 
 The ledger's outbox (``records``) holds every record evald has decided to write,
-committed with the state change it reports. This sink writes pending records with
-tensorboardX's synchronous ``EventsWriter`` (tensorboardX's ``SummaryWriter`` queues
-in memory and a SIGKILL loses the queue), ONE event per record, fsynced, then marks
-them written. A kill between the fsync and the mark leaves a record pending that is
-already on disk: at start-up, pending records are looked up in the event files with
-TensorBoard's own raw loader (a torn last record fails its CRC and does not count),
-and only the missing ones are written. Each evald process writes its own file.
+committed with the state change it reports. A sub-run's events are a view of its records
+(tensorboard_view.py): a pending record that moves each of its tags forward is appended
+(tensorboardX's synchronous record writer, fsynced per chunk; its ``SummaryWriter`` queues
+in memory and a SIGKILL loses the queue); any other record (a step below a tag's latest:
+backfill, retry, a restart's queued cells) makes the sink REWRITE the sub-run's file from all
+its records, in step order. TensorBoard's server drops a tag's points from a step written
+below its latest, so the rewritten file, read as one in-order stream, replaces what it showed.
+
+A rewrite is atomic for a reader: the new file is written under a name TensorBoard does not
+read (``.evald-*.tmp``), fsynced, renamed to an event file name that sorts after every event
+file of the sub-run (TensorBoard reads a directory's files in name order, so the old files'
+last points come before the new file's first), and only then are evald's older files
+(``*.evald``) removed; files of other writers are left alone. A crash at any point leaves the
+old files, the new one, or both (both: the newer file, read last, wins), and the records not
+marked written; at start-up every sub-run with records is rewritten once from the ledger, so
+nothing is lost and nothing is counted twice. Rewriting costs one pass over the sub-run's
+records (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -26,46 +37,73 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import socket
+import struct
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import event_pb2, summary_pb2
-from tensorboardX.summary import scalar as scalar_summary
+from tensorboardX.summary import _clean_tag
 from tensorboardX.summary import text as text_summary
 
 from evald.ledger.disk_full import REMIND_S, RETRY_S, is_full
-from evald.sinks.tensorboard_layout import (LAYOUT_STREAM, LAYOUT_TAG, layout_summary, shown_eval_scalars,
-                                            shown_text_tag)
 from evald.ledger.ledger import Ledger, Record
+from evald.sinks import tensorboard_view as view
+from evald.sinks.tensorboard_layout import LAYOUT_STREAM, LAYOUT_TAG, layout_summary
+from evald.sinks.tensorboard_view import SUB_RUNS, shown, shown_tag, sub_run  # noqa: F401 - the sink's names
 
 log = logging.getLogger("evald.tensorboard")
-FSYNC_EVERY = 500  # records per fsync: a crash before the mark is found on disk at the restart (_reconcile)
+FSYNC_EVERY = 500  # records per fsync when appending
+EVALD_SUFFIX = ".evald"  # evald's own event files end so; only those are replaced by a rewrite
 logging.getLogger("tensorboardX.x2num").setLevel(logging.ERROR)  # NaN is a legal value, not one warning a point
 
 
 class EventLog:
-    """One event file of this process; ``write`` appends a record, fsynced now or at ``flush``."""
+    """One event file of this process: made whole (its first ``events`` fsynced) before TensorBoard
+    can see it, named to sort after every event file in ``logdir``; ``write`` appends a record,
+    fsynced now or at ``flush``."""
 
-    def __init__(self, logdir: Path) -> None:
+    def __init__(self, logdir: Path, events: Iterable[view.Event] = ()) -> None:
         self.logdir = Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
-        suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}.evald"
         self._good = 0  # bytes of whole, fsynced records: a failed write is cut back to this
         self._abandoned = False
-        self._writer = EventsWriter(str(self.logdir / "events"), suffix)
-        self.path = Path(self._writer._file_name)
-        self._flush()
+        self.path = self.logdir / f".evald-{uuid.uuid4().hex}.tmp"  # no "tfevents": TensorBoard skips it
+        self._file = open(self.path, "wb")
+        try:
+            self._file.write(_framed(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
+                                     .SerializeToString()))
+            first = True
+            for event in events:
+                if first:  # a restart marker at the first step, for readers that purge on one
+                    self._file.write(_framed(event_pb2.Event(wall_time=event.wall_time, step=event.step, session_log=(
+                        event_pb2.SessionLog(status=event_pb2.SessionLog.START))).SerializeToString()))
+                    first = False
+                self.write_event(event, flush=False)
+            self._sync()
+            final = self.logdir / _next_name(self.logdir)
+            os.rename(self.path, final)
+            self.path = final
+            _fsync_dir(self.logdir)
+        except OSError:
+            self.abandon()
+            raise
+        self._good = self.path.stat().st_size
+
+    def write_event(self, event: view.Event, flush: bool = True) -> None:
+        summaries = [layout_summary(event.layout)] if event.layout is not None else []
+        self.write(event.step, event.wall_time, event.scalars, event.texts, flush=flush, summaries=summaries)
 
     def write(self, step: int, wall_time: float, scalars: Mapping[str, float] | None = None,
               texts: Mapping[str, str] | None = None, flush: bool = True,
               summaries: Iterable[summary_pb2.Summary] = ()) -> None:
         values = []
-        for tag, value in (scalars or {}).items():
-            values.extend(scalar_summary(tag, float(value)).value)  # NaN and inf are legal values
+        for tag, value in (scalars or {}).items():  # what tensorboardX's scalar() makes, without its checks
+            values.append(summary_pb2.Summary.Value(tag=_clean_tag(tag), simple_value=float(value)))  # NaN is legal
         for tag, content in (texts or {}).items():
             values.extend(text_summary(tag, content).value)
         for summary in summaries:
@@ -81,59 +119,81 @@ class EventLog:
     def _flush(self, event: event_pb2.Event | None = None, sync: bool = True) -> None:
         try:
             if event is not None:
-                self._writer.write_event(event)
+                self._file.write(_framed(event.SerializeToString()))
             if not sync:
                 return
-            self._writer.flush()  # RecordWriter.flush fsyncs
+            self._sync()
         except OSError:
             self.abandon()
             raise
         self._good = self.path.stat().st_size
 
     def abandon(self) -> None:
-        """After a failed write (a full disk): close, and cut the file back to its whole records."""
+        """After a failed write (a full disk): close, and cut the file back to its whole records (a
+        file not yet whole, still under its temporary name, is removed)."""
         if self._abandoned:
             return
         self._abandoned = True
+        with contextlib.suppress(OSError):
+            self._file.close()
         try:
-            self._writer.close()
-        except OSError:  # its flush failed before the file was closed
-            with contextlib.suppress(OSError):
-                self._writer._py_recordio_writer.close()
-        try:
-            os.truncate(self.path, self._good)
             if self._good == 0:
                 self.path.unlink()
+            else:
+                os.truncate(self.path, self._good)
         except OSError:
             pass
 
+    def _sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
     def close(self) -> None:
-        self._writer.close()
+        if not self._abandoned:
+            self._file.close()
 
 
-SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval", LAYOUT_STREAM: "eval"}  # stream -> sub-run
-STREAM_PREFIXES = {"train": "train/", "eval": "eval/"}           # dropped from tags in the sub-run
+try:  # a C CRC-32C when installed (google-crc32c); tensorboardX's pure-Python one costs ~1 us a byte
+    from google_crc32c import value as _crc32c
+except ImportError:  # pragma: no cover - depends on the environment
+    from tensorboardX.crc32c import crc32c as _crc32c
 
 
-def sub_run(stream: str) -> str:
-    return SUB_RUNS.get(stream, stream)
+def _masked_crc(data: bytes) -> int:
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def shown_tag(stream: str, tag: str) -> str:
-    """The tag as TensorBoard shows it in the stream's sub-run: ``eval/loss`` -> ``loss``."""
-    prefix = STREAM_PREFIXES.get(stream)
-    return tag[len(prefix):] if prefix and tag.startswith(prefix) and len(tag) > len(prefix) else tag
+def _framed(data: bytes) -> bytes:
+    """One TFRecord: length, its masked CRC-32C, the data, its masked CRC-32C (little-endian)."""
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
 
 
-def shown(record: Record) -> tuple[dict[str, float], dict[str, str]]:
-    """A record's scalars and texts as written in its sub-run (tensorboard_layout.py says why)."""
-    def name(tag: str) -> str:
-        return shown_tag(record.stream, tag)
+_NAME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
 
-    if record.stream == "eval":
-        return (shown_eval_scalars(record.scalars, name),
-                {shown_text_tag(name(k)): v for k, v in record.texts.items()})
-    return {name(k): v for k, v in record.scalars.items()}, {name(k): v for k, v in record.texts.items()}
+
+def _next_name(logdir: Path) -> str:
+    """``events.out.tfevents.<seconds>.<host>.<pid>.<random>.evald``, sorting after every event file here
+    (its seconds field raised past theirs when the clock or a same-second name would not)."""
+    names = [p.name for p in logdir.iterdir() if "tfevents" in p.name]
+    stamp = int(time.time())
+    tail = f".{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}{EVALD_SUFFIX}"
+    name = f"events.out.tfevents.{stamp:010d}{tail}"
+    newest = max(names, default="")
+    if name <= newest:
+        match = _NAME.match(newest)
+        stamp = max(stamp, int(match.group(1)) if match else 0) + 1
+        name = f"events.out.tfevents.{stamp:010d}{tail}"
+    return name
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class TensorBoardSink:
@@ -142,54 +202,44 @@ class TensorBoardSink:
     def __init__(self, run_dir: Path, ledger: Ledger) -> None:
         self.run_dir = Path(run_dir)
         self.ledger = ledger
-        self._logs: dict[str, EventLog] = {}  # one event file per sub-run, made at its first record
+        self._logs: dict[str, EventLog] = {}     # sub-run -> this process's (current) event file
+        self._order: dict[str, view.Order] = {}  # sub-run -> the highest step of each tag in its file
+        self._stale: set[str] = set()            # sub-runs to rewrite before anything is appended
         self._failed_at = self._reminded = float("-inf")
-        self._reconcile()
+        self._startup()
 
-    def _reconcile(self) -> None:
-        pending = self.ledger.pending_records()
-        already = []
-        for name in sorted({sub_run(r.stream) for r in pending}):
-            mine = [r for r in pending if sub_run(r.stream) == name]
-            steps = {r.step for r in mine}
-            # Counted per (step, tag): a step evaluated again (its old result superseded) has the
-            # same tags at the same step twice, and only a surplus on disk is this record.
-            on_disk = tag_counts_on_disk(self.run_dir / name, steps)
-            written = Counter((r.step, t) for r in self.ledger.written_records(steps)
-                              if sub_run(r.stream) == name for t in _tags(r))
-            for r in mine:
-                if all(on_disk[(r.step, t)] > written[(r.step, t)] for t in _tags(r)):
-                    already.append(r.id)
-                    written.update((r.step, t) for t in _tags(r))
-        if already:
-            log.info("%d TensorBoard record(s) reached disk just before evald stopped; not written again",
-                     len(already))
-            self.ledger.mark_written([i for i in already if i is not None])
+    def _startup(self) -> None:
+        """Every sub-run with records is rewritten once from the ledger (at the first ``drain``): records
+        that reached disk just before a kill (fsynced, not yet marked written) are not doubled, a torn
+        tail is gone, and the files of earlier processes become one in-order file."""
+        self._stale = {sub_run(stream) for stream in self.ledger.record_streams()}
+        pending = len(self.ledger.pending_records())
+        if pending:
+            log.info("%d TensorBoard record(s) were waiting at start-up; %s rewritten from the ledger (those that "
+                     "reached disk before evald stopped are not written twice)", pending,
+                     ", ".join(sorted(self._stale)))
 
     def drain(self) -> int:
         """Write every pending record; returns how many. A full disk leaves them pending (not lost)."""
         if time.monotonic() - self._failed_at < RETRY_S:
             return 0
-        if self._failed_at > float("-inf"):  # after a failure: what reached disk is found, not written again
-            self._reconcile()
-            self._failed_at = float("-inf")
+        self._failed_at = float("-inf")
         pending = self.ledger.pending_records()
         try:
-            for start in range(0, len(pending), FSYNC_EVERY):  # one fsync a file and one transaction a chunk
-                chunk = pending[start:start + FSYNC_EVERY]
-                for record in chunk:
-                    name = sub_run(record.stream)
-                    if name not in self._logs:
-                        self._logs[name] = EventLog(self.run_dir / name)
-                    if record.stream == LAYOUT_STREAM:  # TensorBoard's custom_scalars layout, not a text
-                        self._logs[name].write(record.step, record.wall_time, flush=False,
-                                               summaries=[layout_summary(record.texts[LAYOUT_TAG])])
-                        continue
-                    scalars, texts = shown(record)
-                    self._logs[name].write(record.step, record.wall_time, scalars, texts, flush=False)
-                for event_log in self._logs.values():
-                    event_log.flush()
-                self.ledger.mark_written([r.id for r in chunk])  # type: ignore[misc]
+            for name, records in view.by_sub_run(pending).items():
+                order = self._order.get(name)
+                if name in self._stale or order is None or not all(_move(order, r) for r in records):
+                    self._rewrite(name)  # from every record of the sub-run, these included
+                    self.ledger.mark_written([r.id for r in records])  # type: ignore[misc]
+                    continue
+                for start in range(0, len(records), FSYNC_EVERY):  # one fsync and one transaction a chunk
+                    chunk = records[start:start + FSYNC_EVERY]
+                    for record in chunk:
+                        self._append(name, record)
+                    self._logs[name].flush()
+                    self.ledger.mark_written([r.id for r in chunk])  # type: ignore[misc]
+            for name in sorted(self._stale):  # no pending record, but not yet rewritten (start-up, a full disk)
+                self._rewrite(name)
         except OSError as exc:
             if not is_full(exc):
                 raise
@@ -197,10 +247,42 @@ class TensorBoardSink:
             return 0
         return len(pending)
 
+    def _append(self, name: str, record: Record) -> None:
+        if name not in self._logs:
+            self._logs[name] = EventLog(self.run_dir / name)
+        if record.stream == LAYOUT_STREAM:  # TensorBoard's custom_scalars layout, not a text
+            self._logs[name].write(record.step, record.wall_time, flush=False,
+                                   summaries=[layout_summary(record.texts[LAYOUT_TAG])])
+            return
+        scalars, texts = shown(record)
+        self._logs[name].write(record.step, record.wall_time, scalars, texts, flush=False)
+
+    def _rewrite(self, name: str) -> None:
+        """The sub-run's file made again from all its records (tensorboard_view.events), then evald's
+        older files removed; afterwards records are appended to the new file while they move forward."""
+        self._stale.add(name)  # until it succeeds: a failed rewrite is tried again before any append
+        records = self.ledger.records(view.streams_of(name, [name]))
+        written = view.events(records)
+        old = self._logs.pop(name, None)
+        if old is not None:
+            old.close()
+        new = EventLog(self.run_dir / name, written)
+        for path in (self.run_dir / name).glob("events.out.tfevents.*" + EVALD_SUFFIX):
+            if path != new.path:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        _fsync_dir(self.run_dir / name)
+        self._logs[name] = new
+        self._order[name] = view.Order(written)
+        self._stale.discard(name)
+        log.debug("TensorBoard %s rewritten in step order: %d event(s) from %d record(s)", name, len(written),
+                  len(records))
+
     def _full(self, exc: OSError) -> None:
-        """Every file cut back to its whole records; new ones once there is room (a second later)."""
-        for event_log in self._logs.values():
+        """Every file cut back to its whole records; rewritten from the ledger once there is room."""
+        for name, event_log in self._logs.items():
             event_log.abandon()
+            self._stale.add(name)
         self._logs.clear()
         self._failed_at = time.monotonic()
         if self._failed_at - self._reminded >= REMIND_S:
@@ -213,9 +295,12 @@ class TensorBoardSink:
             event_log.close()
 
 
-def _tags(record: Record) -> set[str]:
-    scalars, texts = shown(record)
-    return {*scalars, *texts}
+def _move(order: view.Order, record: Record) -> bool:
+    """Whether ``record`` can be appended after what ``order`` has seen (and note it if so)."""
+    if not order.appendable(record):
+        return False
+    order.note(record)
+    return True
 
 
 def tag_counts_on_disk(logdir: Path, steps: Iterable[int] | None = None) -> Counter:

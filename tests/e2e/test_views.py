@@ -69,10 +69,10 @@ def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, procs, s
     runs = wait_for(lambda: sorted(get(base, "/data/runs")) or None, 60, "TensorBoard's runs")
     assert runs == ["demo/eval", "demo/train", "lr-3e-4/eval"]  # readable names side by side, no "."
     tags = get(base, "/data/plugin/scalars/tags")
-    assert "loss" in tags["demo/train"] and "loss" in tags["demo/eval"]  # the same tag: one chart
-    assert [step for _, step, _ in get(base, "/data/plugin/scalars/scalars", run="lr-3e-4/eval", tag="loss")] == [10]
-    train = get(base, "/data/plugin/scalars/scalars", run="demo/train", tag="loss")
-    evaluated = get(base, "/data/plugin/scalars/scalars", run="demo/eval", tag="loss")
+    assert "Loss" in tags["demo/train"] and "Loss" in tags["demo/eval"]  # the same tag: one chart
+    assert [step for _, step, _ in get(base, "/data/plugin/scalars/scalars", run="lr-3e-4/eval", tag="Loss")] == [10]
+    train = get(base, "/data/plugin/scalars/scalars", run="demo/train", tag="Loss")
+    evaluated = get(base, "/data/plugin/scalars/scalars", run="demo/eval", tag="Loss")
     assert [step for _, step, _ in evaluated] == committed_steps(ckpt) == [20, 40, 60]
     assert len(train) >= 30 and all(v > 0 for _, _, v in train + evaluated)
     assert {t for t in tags["demo/eval"] if t.startswith("evald/")} >= {"evald/load_s", "evald/evaluate_s"}
@@ -81,7 +81,7 @@ def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, procs, s
     assert "{" not in summary["text"]  # a table, not raw JSON
 
     # The page itself: the loss card draws a line per run (SVG: forceSVG), and the screenshot shows them.
-    page = f"{base}/?forceSVG=true&tagFilter=%5Eloss%24#timeseries"
+    page = f"{base}/?forceSVG=true#timeseries"  # the first screen as it opens: Loss is the first card
     shot = tmp_path / "tensorboard.png"
     # Headless Chromium captures the page when its virtual time runs out, which can be before the
     # chart has fetched its data from TensorBoard (slow until TensorBoard has loaded it once, and
@@ -101,15 +101,15 @@ def test_tensorboard_overlays_train_and_eval_loss_of_each_run(tmp_path, procs, s
 
     # Custom Scalars (issue 18): evald's layout as TensorBoard serves it (both runs' layouts merged) ...
     assert not [t for t in tags["demo/eval"] if t.endswith("_se")]  # no chart of its own for an SE
-    assert {"loss/se_lower", "loss/se_upper", "accuracy/se_lower"} <= set(tags["demo/eval"])
+    assert {"σ/Loss", "σ/Loss/lower", "σ/Loss/upper", "σ/accuracy/lower"} <= set(tags["demo/eval"])
     layout = get(base, "/data/plugin/custom_scalars/layout")
     titles = [c["title"] for c in layout["category"]]
     first = layout["category"][0]
     assert first["title"] == "loss" and titles[-1] == "evald" and layout["category"][-1].get("closed")
     assert [c["title"] for c in first["chart"]] == ["loss (train and eval)", "eval loss ± SE"]
-    assert first["chart"][0]["multiline"]["tag"] == ["^loss$"]
-    assert first["chart"][1]["margin"]["series"] == [{"value": "loss", "lower": "loss/se_lower",
-                                                      "upper": "loss/se_upper"}]
+    assert first["chart"][0]["multiline"]["tag"] == ["^Loss$"]
+    assert first["chart"][1]["margin"]["series"] == [{"value": "σ/Loss", "lower": "σ/Loss/lower",
+                                                      "upper": "σ/Loss/upper"}]
     assert len(titles) == len(set(titles))  # the two runs' layouts merged, not repeated
     # ... the samples first among the texts (TensorBoard's Text page sorts the tags) ...
     text_tags = get(base, "/data/plugin/text/tags")["demo/eval"]

@@ -73,7 +73,7 @@ def test_train_and_eval_sub_runs_share_tag_names(tmp_path):
         acc = EventAccumulator(str(run / sub_run))
         acc.Reload()
         tags[sub_run] = acc.Tags()
-    assert "loss" in tags["train"]["scalars"] and "loss" in tags["eval"]["scalars"]  # one chart, two runs
+    assert "Loss" in tags["train"]["scalars"] and "Loss" in tags["eval"]["scalars"]  # one chart, two runs
     assert "lr" in tags["train"]["scalars"] and "evald/load_s" in tags["eval"]["scalars"]
     assert "health/spike/text_summary" in tags["train"]["tensors"]
     assert "evald/summary/text_summary" in tags["eval"]["tensors"]

@@ -63,18 +63,19 @@ def test_the_layout_opens_on_loss_and_the_monitor_with_margins(run):
         ("sample quality", ["greedy continuations"]),
         ("evald", list(L.BOOKKEEPING))]
     first = layout.category[0]
-    assert list(first.chart[0].multiline.tag) == ["^loss$"]  # train/ and eval/ both have "loss": one chart
+    assert list(first.chart[0].multiline.tag) == ["^Loss$"]  # train/ and eval/ both have "Loss": one chart
     series = first.chart[1].margin.series[0]
-    assert (series.value, series.lower, series.upper) == ("loss", "loss/se_lower", "loss/se_upper")
+    assert (series.value, series.lower, series.upper) == ("σ/Loss", "σ/Loss/lower", "σ/Loss/upper")
     assert [c.closed for c in layout.category] == [False, False, True, True]
 
     acc = EventAccumulator(str(run_dir / "eval"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
     assert not {t for t in scalars if t.endswith(SE_SUFFIX)}  # no chart of its own for an SE
-    assert {"loss", "loss/se_lower", "loss/se_upper", "accuracy/se_lower"} <= scalars
-    assert [e.value for e in acc.Scalars("loss/se_lower")] == pytest.approx([2.45, 2.45])
-    assert [e.value for e in acc.Scalars("loss/se_upper")] == pytest.approx([2.55, 2.55])
+    assert {"Loss", "σ/Loss", "σ/Loss/lower", "σ/Loss/upper", "σ/accuracy/lower"} <= scalars
+    assert [e.value for e in acc.Scalars("σ/Loss/lower")] == pytest.approx([2.45, 2.45])
+    assert [e.value for e in acc.Scalars("σ/Loss/upper")] == pytest.approx([2.55, 2.55])
+    assert [e.value for e in acc.Scalars("σ/Loss")] == pytest.approx([2.5, 2.5])
     texts = set(acc.Tags()["tensors"])
     assert {"Samples/greedy/text_summary", "evald/provenance/text_summary"} <= texts
     assert sorted(t for t in texts if t.endswith("text_summary"))[0].startswith("Samples/")  # first on the page
@@ -84,6 +85,7 @@ def test_the_layout_opens_on_loss_and_the_monitor_with_margins(run):
 
 
 def test_a_new_metric_or_monitor_rewrites_the_layout_at_its_step_and_a_restart_does_not(run):
+    """Issue 26: the file shows one layout, the newest, at the step that changed it."""
     run_dir, ledger = run
     _evaluate(ledger, 10, {"eval/loss": 2.0, "eval/loss_se": 0.1})
     _evaluate(ledger, 20, {"eval/loss": 1.9, "eval/loss_se": 0.1})           # same: nothing
@@ -96,8 +98,9 @@ def test_a_new_metric_or_monitor_rewrites_the_layout_at_its_step_and_a_restart_d
     TensorBoardSink(run_dir, restarted).drain()
     restarted.close()
     layouts = _layouts(run_dir)
-    assert [step for step, _ in layouts] == [10, 30]
-    assert raw_scalar_steps(run_dir, f"eval/{L.LAYOUT_TAG}") == [10, 30]  # one point per step
+    # the newest layout only: the one of step 10 is replaced by the file's rewrite at the restart
+    assert [step for step, _ in layouts] == [30]
+    assert raw_scalar_steps(run_dir, f"eval/{L.LAYOUT_TAG}") == [30]
     assert _charts(layouts[-1][1])[1] == ("eval metrics ± standard error", ["eval mine"])
 
 
