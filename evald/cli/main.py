@@ -3,11 +3,11 @@
     evald [OPTIONS]              evaluate a run's checkpoints as they appear (evald --help)
     evald status [...]           a run's state, read-only, safe while evald runs
     evald retry [STEP ...]       re-queue failed checkpoints (all when none is named), or named skipped ones
-    evald backfill [...]         evaluate retained checkpoints later: skipped steps' validation, a suite
+    evald backfill [...]         evaluate retained checkpoints later: skipped steps' validation, a suite;
+                                 --fleet-dir: a fleet of workers on Slurm or Kubernetes (docs/benchmarks.md)
     evald compare STEP_A STEP_B  two steps' suite results, paired by document (docs/benchmarks.md)
     evald subset [...]           print the indices of the fixed validation subset
     evald keys DIR               create CURVE keys for evald and the trainer (docs/authentication.md)
-    evald backfill --suite S     a suite on retained checkpoints; --fleet-dir: a fleet of workers (docs/benchmarks.md)
     evald export --out DIR       a run's suite cells as lm-eval, Every Eval Ever and Hugging Face files
     evald --version
 
@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="evald",
         description="Asynchronous out-of-process evaluator for MindSpore training. Run it beside the training "
                     "job on a device no training rank uses: `evald --device 7`. Other commands: "
-                    "`evald status`, `evald retry`, `evald backfill`, `evald compare`, `evald subset`, `evald keys` "
+                    "`evald status`, `evald retry`, `evald backfill`, `evald compare`, `evald export`, `evald subset`, "
+                    "`evald keys` "
                     "(each with --help).",
         epilog="Precedence: command line > environment variable > --config TOML > the trainer's run "
                "announcement > default. Every option is also a TOML key of the same name (underscores); "

@@ -69,8 +69,8 @@ def test_a_live_tensorboard_shows_backfilled_re_evaluated_and_restarted_points(t
     procs.append(fresh.proc)
     for name, server in (("the TensorBoard that was open", tensorboard), ("a TensorBoard started now", fresh)):
         for tag, points in want.items():
-            shown = server.until(lambda: server.scalars("run/eval", tag),  # noqa: B023 - called right here
-                                 lambda got: _close(got, points))  # noqa: B023
+            shown = server.until(lambda: server.scalars("run/eval", tag),
+                                 lambda got: _close(got, points))
             assert _close(shown, points), (name, tag, shown)
             assert _close(server.time_series("run/eval", tag), points), (name, tag)
     tensorboard.close()
@@ -136,8 +136,8 @@ def test_every_point_of_a_real_evald_reaches_tensorboard(tmp_path, procs):
     procs.append(tensorboard.proc)
     run = f"{run_dir(ckpt).name}/eval"
     for tag, points in want.items():
-        shown = tensorboard.until(lambda: tensorboard.scalars(run, tag),  # noqa: B023 - called right here
-                                  lambda got: _close(got, points))  # noqa: B023
+        shown = tensorboard.until(lambda: tensorboard.scalars(run, tag),
+                                  lambda got: _close(got, points))
         assert _close(shown, points), (tag, shown, points)
     texts = tensorboard.get("/data/plugin/text/text", run=run, tag="evald/superseded/text_summary")
     # 20 by `retry --step`; the suites' tokenizer also changed the validation's identity, so every step
