@@ -21,3 +21,19 @@ def demo_network_in_graph_mode(seed: int, seq_len: int = 64) -> Iterator[ms.nn.C
         yield net
     finally:
         ms.set_context(mode=before)
+
+
+class _ForwardOnly(ms.nn.Cell):
+    def __init__(self, inner: ms.nn.Cell) -> None:
+        super().__init__()
+        self.inner = inner
+        self.max_length = inner.max_length
+
+    def construct(self, tokens):
+        return self.inner(tokens)
+
+
+def without_cached_decoding(network: ms.nn.Cell) -> ms.nn.Cell:
+    """The same network without its cached-decoding methods (init_cache, extend): what a network without
+    the interface looks like to evald, which then generates with the full forward."""
+    return _ForwardOnly(network)

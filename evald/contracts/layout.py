@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -78,13 +79,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a small file so readers see the old or the new content, never a mix."""
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write a file so readers see the old or the new content, never a mix: a temporary beside it (named by
+    host and pid too, so writers on several hosts of a shared filesystem never share one), fsynced, renamed
+    into place, the directory fsynced; the temporary is removed if anything fails."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -93,6 +96,11 @@ def atomic_write_text(path: Path, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """atomic_write_bytes of UTF-8 text (small files: RUN.json, summary.json, best.json...)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 # ---------------------------------------------------------------- writing

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from evald.contracts.layout import fsync_dir
+from evald.contracts.layout import atomic_write_bytes, fsync_dir
 
 CELL_FORMAT = "evald-fleet-cell/1"
 PLAN_FORMAT = "evald-fleet-plan/1"
@@ -50,18 +50,7 @@ def _canonical(value: Any) -> bytes:
 
 def _atomic_bytes(path: Path, payload: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, payload)
 
 
 def sealed(body: Mapping[str, Any]) -> bytes:

@@ -39,7 +39,6 @@ import json
 import math
 import os
 import re
-import secrets
 import stat
 import zlib
 from dataclasses import dataclass
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
+
+from evald.contracts.layout import atomic_write_bytes
 
 SAMPLES_DIR = "samples"
 MAX_SIDECAR_BYTES = 1 << 20              # a sidecar: identity and aggregated metrics
@@ -135,11 +136,11 @@ def write_samples(run_dir: Path, *, suite: str, task: str, step: int, identity: 
                     os.replace(path, path.with_name(f"{path.name}.superseded-{old[-12:]}"))  # the cell's own tail
     lines = "".join(json.dumps(_strict_record(s), sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
                     for s in samples)
-    _atomic(data, gzip.compress(lines.encode("utf-8"), compresslevel=6, mtime=0))
+    atomic_write_bytes(data, gzip.compress(lines.encode("utf-8"), compresslevel=6, mtime=0))
     head = {"suite": suite, "task": task, "step": int(step), "identity_sha256": identity_sha256,
             "cell_identity": cell_identity, "identity": dict(identity), "metrics": dict(metrics),
             "documents": len(samples)}
-    _atomic(sidecar, json.dumps(_strict_record(head), sort_keys=True, indent=1, allow_nan=False).encode("utf-8"))
+    atomic_write_bytes(sidecar, json.dumps(_strict_record(head), sort_keys=True, indent=1, allow_nan=False).encode("utf-8"))
     return data
 
 
@@ -168,27 +169,6 @@ def _finite_or_none(value: Any, place: str, places: list[str]) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite_or_none(v, f"{place}.{i}", places) for i, v in enumerate(value)]
     return value
-
-
-def _atomic(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 # -- finding ------------------------------------------------------------------------------------------

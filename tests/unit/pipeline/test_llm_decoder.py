@@ -9,28 +9,16 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 from evald.pipeline.suites.scoring import GenerateRequest, TokenScorer  # noqa: E402
+from tests.networks import without_cached_decoding  # noqa: E402
 from evald.pipeline.tasks.generation import ExtendStep  # noqa: E402
 from examples.llm_decoder.model import build_model  # noqa: E402
 
 
-class ForwardOnly(ms.nn.Cell):
-    def __init__(self, inner) -> None:
-        super().__init__()
-        self.inner = inner
-        self.max_length = inner.max_length
-
-    def construct(self, tokens):
-        return self.inner(tokens)
-
-
 @pytest.fixture(scope="module")
-def network():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
+def network(graph_mode):  # tests/unit/conftest.py
     net = build_model(vocab_size=500, d_model=64, n_layers=2, n_heads=4, max_length=64, seed=2)
     net.set_train(False)
-    yield net
-    ms.set_context(mode=before)
+    return net
 
 
 def test_chunked_prefill_and_decode_give_the_full_forward_logits(network):
@@ -52,6 +40,6 @@ def test_cached_greedy_tokens_equal_the_fallback(network):
     rng = np.random.default_rng(1)
     requests = [GenerateRequest(rng.integers(1, 500, n).tolist(), m) for n, m in ((3, 9), (20, 12), (45, 18), (70, 6))]
     cached = TokenScorer(network, batch_size=1, lengths=(32, 64))
-    fallback = TokenScorer(ForwardOnly(network), batch_size=1, lengths=(32, 64))
+    fallback = TokenScorer(without_cached_decoding(network), batch_size=1, lengths=(32, 64))
     assert (cached.decoding, fallback.decoding) == ("cached", "full-forward")
     assert cached.generate(requests) == fallback.generate(requests)

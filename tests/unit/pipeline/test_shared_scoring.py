@@ -11,30 +11,16 @@ ms = pytest.importorskip("mindspore")
 
 from evald.pipeline.suites.scoring import (GenerateRequest, ScoreRequest, TokenScorer, auto_budget,  # noqa: E402
                                            length_ladder)
+from tests.networks import without_cached_decoding  # noqa: E402
 from evald.pipeline.tasks.generation import SampleGenerator, decodes_with_cache  # noqa: E402
 from examples.tiny_lm.model import build_model  # noqa: E402
 
 
-class ForwardOnly(ms.nn.Cell):
-    """The demo model without its cached-decoding methods: what a network without the interface looks like."""
-
-    def __init__(self, inner) -> None:
-        super().__init__()
-        self.inner = inner
-        self.max_length = inner.max_length
-
-    def construct(self, tokens):
-        return self.inner(tokens)
-
-
 @pytest.fixture(scope="module")
-def network():
-    before = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE)
+def network(graph_mode):  # tests/unit/conftest.py
     net = build_model(seq_len=64, seed=5)
     net.set_train(False)
-    yield net
-    ms.set_context(mode=before)
+    return net
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +32,7 @@ def scorer(network):
 
 @pytest.fixture(scope="module")
 def fallback(network):
-    s = TokenScorer(ForwardOnly(network), batch_size=2)
+    s = TokenScorer(without_cached_decoding(network), batch_size=2)
     s.warm_up()
     return s
 
@@ -92,7 +78,7 @@ def test_cached_greedy_tokens_equal_the_full_forward_fallback(network, scorer, f
 def test_sample_generator_cached_equals_full_forward(network):
     data = [np.asarray(_tokens(60 + i, 40)) for i in range(3)]
     results = []
-    for net in (network, ForwardOnly(network)):
+    for net in (network, without_cached_decoding(network)):
         generator = SampleGenerator(prompts=3, prompt_len=16, new_tokens=12)
         generator.prepare(net, data, np.arange(3))
         assert (generator.extend is not None) == (net is network)
