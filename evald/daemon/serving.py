@@ -33,6 +33,8 @@ from typing import Any
 
 from evald.config import EvaldConfig
 from evald.ledger.ledger import EVALUATED, Ledger, Record
+from evald.pipeline.network import Held
+from evald.pipeline.pipeline import ServablePipeline
 from evald.pipeline.suites.scoring import TokenScorer, model_max_length
 from evald.pipeline.suites.tokenizer import Tokenizer, build_tokenizer
 from evald.serve.app import Context, build_app
@@ -53,12 +55,12 @@ def tokenizer_of(config: EvaldConfig) -> Tokenizer:
     """The tokenizer factory's tokenizer where the configuration has one (--tokenizer-factory), else bytes."""
     from evald.config import factory_spec
 
-    spec = factory_spec(config, "tokenizer") if hasattr(config, "tokenizer_factory") else None
-    return build_tokenizer(spec)
+    return build_tokenizer(factory_spec(config, "tokenizer"))
 
 
 class Serving:
-    def __init__(self, config: EvaldConfig, pipeline: Any, events: "queue.Queue[tuple[str, Any]]") -> None:
+    def __init__(self, config: EvaldConfig, pipeline: ServablePipeline,
+                 events: "queue.Queue[tuple[str, Any]]") -> None:
         options = config.serve
         self.options, self.pipeline = options, pipeline
         try:
@@ -116,10 +118,10 @@ class Serving:
         log.info("serving run %r at %s/v1 (model %s@latest or %s@STEP)", run_name, self.http.url, run_name, run_name)
 
     # -- what the runner needs --------------------------------------------------------------------
-    def _held(self) -> Any:
-        return self.pipeline.held() if hasattr(self.pipeline, "held") else None
+    def _held(self) -> Held | None:
+        return self.pipeline.held()
 
-    def _swap(self, step: int) -> Any:
+    def _swap(self, step: int) -> Held:
         assert self.ledger is not None and self.ckpt_dir is not None
         row = self.ledger.step(step)
         if row is None or row.state != EVALUATED:
@@ -150,7 +152,7 @@ class Serving:
         return (suites, "the suites' max_length") if suites else None
 
     def _ensure_scorer(self) -> None:
-        network = getattr(self.pipeline, "network", None)
+        network = self.pipeline.network
         if network is None or network is self._scored_network:
             return
         self._scored_network = network   # tried once per network: a failure is said once, not every turn

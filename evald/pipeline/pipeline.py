@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from evald.config import EvaldConfig, factory_spec
 from evald.contracts.safetensors_io import ReadInterrupted
@@ -32,6 +32,9 @@ from evald.pipeline.network import EvalResult, Evaluator, Held
 from evald.pipeline.swap.provenance import EvaluationSpec
 from evald.pipeline.subset import SubsetInfo
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort
+
+if TYPE_CHECKING:
+    from evald.pipeline.group.evaluator import GroupEvaluator
 
 log = logging.getLogger("evald.pipeline.pipeline")
 
@@ -83,6 +86,19 @@ class EvaluationPipeline(Protocol):
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome: ...
 
 
+class ServablePipeline(Protocol):
+    """What the HTTP endpoint (evald.daemon.serving) uses of a pipeline: the network it answers with, the
+    checkpoint that network holds, and a swap of another evaluated step into it between evaluations."""
+
+    @property
+    def network(self) -> Any:
+        """The compiled network (a mindspore.nn.Cell), or None before one is built."""
+
+    def held(self) -> Held | None: ...
+
+    def swap_in(self, ckpt_dir: Path, row: Step) -> Held: ...
+
+
 @dataclass(frozen=True)
 class SuiteEvaluated:
     result: Any                  # evald.pipeline.suites.runner.SuiteResult
@@ -105,7 +121,7 @@ class Pipeline:
         init(); so does a process whose MindSpore runtime already runs kernels, where choosing fails)."""
         self.should_abort = should_abort
         self.group = group  # an eval group's rank 0 (evald.pipeline.group.protocol.Group): every rank builds and evaluates
-        self.evaluator: Evaluator | None = None
+        self.evaluator: Evaluator | GroupEvaluator | None = None  # a group's rank 0 holds a GroupEvaluator
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
         self._built_specs: EvaluationSpec | None = None
         self._failed_specs: EvaluationSpec | None = None
@@ -121,15 +137,21 @@ class Pipeline:
         self._named: tuple[Path, int] | None = None   # the path last swapped in, and its ledger step
 
     # -- what the HTTP endpoint serves from (evald.serve; the daemon calls these between jobs) ---------
+    def _local(self) -> Evaluator | None:
+        """This process's own Evaluator: a one-device evald's, or rank 0's own share in an eval group."""
+        if self.evaluator is None or isinstance(self.evaluator, Evaluator):
+            return self.evaluator
+        return self.evaluator.local
+
     @property
     def network(self) -> Any:
         """This process's compiled network (rank 0's in an eval group), or None before one is built."""
-        local = getattr(self.evaluator, "local", self.evaluator)
+        local = self._local()
         return local.network if local is not None else None
 
     def held(self) -> Held | None:
         """The checkpoint the network holds now, its swap proven, with its ledger step; None mid-swap."""
-        local = getattr(self.evaluator, "local", self.evaluator)
+        local = self._local()
         held = local.held if local is not None else None
         if held is not None and self._named is not None and self._named[0] == held.path:
             return replace(held, step=self._named[1])
@@ -138,7 +160,7 @@ class Pipeline:
     def swap_in(self, ckpt_dir: Path, row: Step) -> Held:
         """Swap ``row``'s checkpoint into this process's network, proven, without evaluating it (a pinned
         request, between evaluations; the next evaluation swaps its own checkpoint in as always)."""
-        local = getattr(self.evaluator, "local", self.evaluator)
+        local = self._local()
         if local is None:
             raise RuntimeError("no evaluation network is built yet")
         self._named, self.loaded_step = (ckpt_dir / row.source, row.step), None
