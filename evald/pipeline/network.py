@@ -172,6 +172,8 @@ class Evaluator:
         """Swap in the checkpoint at ``path`` and evaluate it; CheckpointError if it is bad."""
         provenance, load_s, verify_s = self.swap_in(path, kind, step)
         verified = time.time()
+        # past this line a first signal lets the evaluation finish (before it, the read stops: exit 1)
+        log.debug("%s swapped in (load %.3fs, verify %.3fs): evaluating", path.name, load_s, verify_s)
         metrics = self.task.evaluate(self.cell, self.batches, should_abort)
         texts: dict[str, str] = {}
         if self.generation is not None:

@@ -36,9 +36,10 @@ def test_sigterm_finishes_the_current_evaluation_and_exits_0(tmp_path, procs):
     faults.announce(ckpt)
     for step in (10, 20, 30):
         faults.commit(ckpt, step)
-    evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", *SLOW)
+    evald = faults.start(tmp_path, ckpt, "--lag-policy", "all", "--log-level", "DEBUG", *SLOW)
     procs.append(evald)
-    wait_for(lambda: _state(ckpt, 20) == "evaluating", 240, "step 20 being evaluated", interval=0.05)
+    # the weights in place and the evaluation under way (a signal during the read stops the read: exit 1)
+    wait_for(lambda: "step_000000020 swapped in" in evald.output(), 240, "step 20 being evaluated", interval=0.05)
     evald.signal(signal.SIGTERM)
     signalled = time.time()
     assert evald.wait(120) == 0, evald.output()[-3000:]

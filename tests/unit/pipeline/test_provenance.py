@@ -221,6 +221,7 @@ def test_a_re_evaluated_older_step_is_compared_with_its_neighbour_and_leaves_the
     run = Run(ResolvedConfig(config, {}), ckpt, run_dir, control=None, receiver=None, events=queue.Queue(),
               pipeline=Pipeline())
     try:
+        run.start()
         while run.work():
             pass
         ledger = Ledger(run_dir / "ledger.sqlite")

@@ -126,7 +126,8 @@ def test_per_sample_files_round_trip(mc, tmp_path):
     head, samples = read_step(tmp_path, "mc", "stdlib_next_line", 40)
     assert samples == sorted(task.samples, key=lambda s: s["doc_id"])
     assert head.identity == result.identity and head.metrics == task.metrics
-    assert set(samples[0]) == {"doc_id", "target", "resps", "metrics"}
+    # lm-eval's own per-sample hashes ride along, for `evald export` (its samples_*.jsonl)
+    assert set(samples[0]) == {"doc_id", "target", "resps", "metrics", "doc_hash", "prompt_hash", "target_hash"}
     first = path.read_bytes()
     write_samples(tmp_path, suite="mc", task="stdlib_next_line", step=40, identity=result.identity,
                   identity_sha256=result.identity_sha256, cell_identity=runner.cell_identity,
