@@ -5,7 +5,9 @@
 #                                real-process tests (tests/e2e, @pytest.mark.smoke): one for each contract only
 #                                a process can prove. The README's command.
 #   ./scripts/test.sh --rest     the second stage: every other real-process test, the MindFormers recipe and the
-#                                slow fault/load runs. .ci/run runs both stages; together they run every test once.
+#                                slow fault/load runs. .ci/run runs both stages.
+#   ./scripts/test.sh --heavy    the tests marked heavy: msrun tensor-parallel groups and a backfill fleet, several
+#                                processes for minutes each; outside CI's 90-minute budget on 2 cores, run by hand.
 #   ./scripts/test.sh ARGS...    pytest with ARGS as given (a file, a folder, -k, -m ...), nothing selected for you.
 #
 # Each stage installs only what it needs: .venv always; headless Chromium, systemd and .venv-mindformers only for
@@ -14,14 +16,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export GLOG_v=3
 
-# The two stages are disjoint and cover every test: a test is in the default stage when it is not slow and is
-# either in-process or in the smoke set, otherwise in the rest (tests/conftest.py marks tests/e2e as `e2e`).
-DEFAULT_STAGE="not slow and (not e2e or smoke)"
-REST_STAGE="slow or (e2e and not smoke)"
+# The three sets are disjoint and cover every test: heavy tests are their own; of the others, a test is in the
+# default stage when it is not slow and is in-process or in the smoke set, otherwise in the rest
+# (tests/conftest.py marks tests/e2e as `e2e`).
+DEFAULT_STAGE="not heavy and not slow and (not e2e or smoke)"
+REST_STAGE="not heavy and (slow or (e2e and not smoke))"
+HEAVY_STAGE="heavy"
 
 stage=default
-if [[ ${1:-} == --rest ]]; then
-    stage=rest
+if [[ ${1:-} == --rest || ${1:-} == --heavy ]]; then
+    stage=${1#--}
     shift
 fi
 
@@ -32,10 +36,10 @@ for arg in "$@"; do
     esac
 done
 
-if [[ $stage == rest ]]; then
+if [[ $stage == rest || $stage == heavy ]]; then
     bash scripts/setup_env.sh --with-system-tools   # Chromium (test_views.py), systemd (test_deploy.py)
-    bash scripts/setup_mindformers.sh          # .venv-mindformers, for tests/e2e/test_mindformers_recipe.py
-    $selects || set -- -m "$REST_STAGE" "$@"
+    bash scripts/setup_mindformers.sh          # .venv-mindformers, for the MindFormers recipe and Checkpoint 2.0
+    if [[ $stage == rest ]]; then $selects || set -- -m "$REST_STAGE" "$@"; else set -- -m "$HEAVY_STAGE" "$@"; fi
 else
     bash scripts/setup_env.sh
     if [[ $# -eq 0 ]] || ! $selects; then

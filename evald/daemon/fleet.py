@@ -117,6 +117,8 @@ def _built(config: EvaldConfig, plan: Plan) -> Pipeline:
     pipeline = Pipeline(should_abort=lambda: False)
     if not pipeline.ensure_built(config):
         raise FleetError(f"cannot build the evaluation network: {pipeline.blocked_reason}")
+    while pipeline.build_next_suite():  # a worker validates nothing: its suites are built at once, not lazily
+        pass
     for suite in plan.suites:
         if suite not in pipeline.suites:
             raise FleetError(pipeline.suite_errors.get(suite) or f"suite {suite} is not configured ([suites."

@@ -148,8 +148,8 @@ def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | 
     queued, left = 0, []
     for request in requests:
         runner = pipeline.suites.get(request["suite"])
-        if runner is None and request["suite"] in pipeline.suite_errors:
-            left.append(request)     # configured but not built: kept until the suite is fixed
+        if runner is None and (request["suite"] in pipeline.suite_errors or request["suite"] in pipeline.suites_pending):
+            left.append(request)     # configured but not built (yet, or until it is fixed): kept
             continue
         if runner is None:           # no such suite here: said once and dropped, never kept forever
             log.error("backfill of suite %r dropped: this evald has no such suite (its suites: %s); configure it "

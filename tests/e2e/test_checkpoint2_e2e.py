@@ -35,7 +35,7 @@ FACTORIES = ("--model-factory", "examples.tiny_lm.model:build_model", "--model-k
              "--app-dir", str(REPO))
 STEPS = [10, 20]
 
-pytestmark = pytest.mark.skipif(not MF_PYTHON.exists(), reason="needs .venv-mindformers (scripts/setup_mindformers.sh)")
+pytestmark = [pytest.mark.heavy, pytest.mark.skipif(not MF_PYTHON.exists(), reason="needs .venv-mindformers (scripts/setup_mindformers.sh)")]
 
 
 @pytest.fixture(scope="module")

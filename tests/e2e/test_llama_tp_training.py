@@ -31,6 +31,8 @@ from tests import faults
 from tests.e2e.test_tensor_parallel_group import in_process_loss
 from tests.harness import REPO, base_env, run_dir, scalar_points
 
+pytestmark = pytest.mark.heavy  # minutes of several processes: ./scripts/test.sh --heavy, not in CI's budget
+
 TRAIN = REPO / "examples" / "llama_tp" / "train.py"
 STEPS, EVERY, WORKERS = 6, 3, 4
 MODEL = {"vocab": 256, "hidden": 64, "layers": 2, "heads": 4, "ffn": 128, "seq_len": 64}

@@ -56,14 +56,18 @@ def test_backfill_of_a_known_suite_is_recorded(tmp_path, capsys):
 
 def test_the_daemon_logs_and_drops_a_request_for_a_suite_it_does_not_have(tmp_path, caplog):
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    pipeline = SimpleNamespace(suites={"mc": SimpleNamespace(cell_identity="m" * 64)}, suite_errors={"broken": "x"})
-    requests = [{"suite": "nosuch", "steps": [10]}, {"suite": "broken", "steps": [10]}]
+    pipeline = SimpleNamespace(suites={"mc": SimpleNamespace(cell_identity="m" * 64)}, suite_errors={"broken": "x"},
+                               suites_pending=("later",))
+    requests = [{"suite": "nosuch", "steps": [10]}, {"suite": "broken", "steps": [10]},
+                {"suite": "later", "steps": [10]}]
     ledger.put_state(suite_turn.BACKFILL_KEY, requests)
     with caplog.at_level(logging.ERROR):
         assert suite_turn.take_backfill_requests(ledger, pipeline) == 0
     assert "nosuch" in caplog.text and "mc" in caplog.text
-    # a configured suite that could not be built keeps its request until it is fixed
-    assert ledger.get_state(suite_turn.BACKFILL_KEY) == [{"suite": "broken", "steps": [10]}]
+    # a configured suite that could not be built keeps its request until it is fixed, and one not built
+    # yet (suites are built after the first validation) until it is
+    assert ledger.get_state(suite_turn.BACKFILL_KEY) == [{"suite": "broken", "steps": [10]},
+                                                         {"suite": "later", "steps": [10]}]
     ledger.close()
 
 
