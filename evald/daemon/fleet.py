@@ -113,8 +113,9 @@ def run_worker(config: EvaldConfig, ckpt_dir: Path, fleet_dir: Path, plan: Plan,
     return report
 
 
-def _built(config: EvaldConfig, plan: Plan) -> Pipeline:
-    pipeline = Pipeline(should_abort=lambda: False)
+def _built(config: EvaldConfig, plan: Plan, pipeline: Pipeline | None = None) -> Pipeline:
+    """The network and every suite of the plan, built before the first cell (a test passes its own Pipeline)."""
+    pipeline = pipeline or Pipeline(should_abort=lambda: False)
     if not pipeline.ensure_built(config):
         raise FleetError(f"cannot build the evaluation network: {pipeline.blocked_reason}")
     while pipeline.build_next_suite():  # a worker validates nothing: its suites are built at once, not lazily
