@@ -4,7 +4,7 @@ Clients send echo and generation requests continuously (pinned steps and ``lates
 loop, in miniature, swaps a new checkpoint in for every "evaluation", serves between its "batches"
 without swapping and between evaluations with swaps. Afterwards a sample of answers is recomputed
 from the snapshot each one names (swapped in alone, scored directly): the log-probabilities must be
-the same bits. The checker is shown to catch a mislabelled answer (a swap that names the wrong step).
+the same (to float noise far below what separates two snapshots). The checker is shown to catch a mislabelled answer (a swap that names the wrong step).
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ from tests.networks import demo_network_in_graph_mode  # noqa: E402
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
 
 STEPS = (10, 20, 30, 40, 50, 60)
+# Served values are normally the recomputed ones bit for bit. Once in CI (stage 1, 2026-12-02) one answer of
+# 60 differed, by an amount the message did not say, and it was not reproduced in 6 runs beside two CPU hogs:
+# float noise of MindSpore's CPU kernels is the likeliest cause, a mixed snapshot is not (in this rig one thread
+# swaps and serves). Another snapshot's values differ by more than 1e-2 (the 0.02 noise per weight;
+# test_snapshots_differ_far_beyond_the_tolerance), so a tolerance 100x below that still catches any mix.
+SAME_SNAPSHOT_TOLERANCE = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +108,12 @@ def _mismatches(rig: Rig, answers: list[tuple[dict, dict]], sample: int) -> list
             if all(len(t) == 1 and ord(t) < 128 for t in shown):
                 whole = [ord(t) for t in shown]
             [scores] = rig.scorer.score([ScoreRequest(whole[:1], whole[1:])])
-            if served[1:len(whole)] != [float(v) for v in scores.logprobs]:
-                wrong.append(f"step {step}: log-probabilities of {request['prompt']!r} differ from the snapshot's")
+            recomputed = [float(v) for v in scores.logprobs]
+            worst = max((abs(a - b) for a, b in zip(served[1:len(whole)], recomputed)), default=0.0)
+            if len(served[1:len(whole)]) != len(recomputed) or worst > SAME_SNAPSHOT_TOLERANCE:
+                wrong.append(f"step {step}: log-probabilities of {request['prompt']!r} ({request['max_tokens']} "
+                             f"generated, {len(served) - 1} served vs {len(recomputed)} recomputed) differ from the "
+                             f"snapshot's by up to {worst:.3g}")
     return wrong
 
 
@@ -147,3 +157,14 @@ def test_the_check_catches_an_answer_from_weights_other_than_the_ones_it_names(r
     finally:
         rig.runner._swap = rig.swap = honest
     assert answers and _mismatches(rig, answers, sample=30) != []
+
+
+def test_snapshots_differ_far_beyond_the_tolerance(rig):
+    """What the tolerance above rests on: one prompt's values under two snapshots differ by > 100x of it."""
+    prompt = list(b"def main():\n    return 0\n")
+    values = []
+    for step in STEPS[:2]:
+        rig.swap(step)
+        [scores] = rig.scorer.score([ScoreRequest(prompt[:1], prompt[1:])])
+        values.append(scores.logprobs)
+    assert max(abs(a - b) for a, b in zip(*values)) > 100 * SAME_SNAPSHOT_TOLERANCE
