@@ -3,7 +3,8 @@
 lm-eval runs on rank 0 only and sees one rank (world size 1: lm-eval imports torch for its gather
 otherwise). ``GroupScorer`` stands in for rank 0's TokenScorer: each ``score`` or ``generate`` call
 is one command to the group (evald.pipeline.group.protocol) carrying every request; each rank takes
-every n-th request (n: the ranks a suite's ``device`` names, all by default), runs them on its own TokenScorer (same network, same weights,
+the requests of every n-th shared input row (n: the ranks a suite's ``device`` names, all by default;
+generation: every n-th request), runs them on its own TokenScorer (same network, same weights,
 same buckets), and the answer sums each rank's rows of full-size arrays, zeros elsewhere. A
 request's numbers do not depend on which rows share its batch (tests/unit/pipeline/test_scoring.py),
 so the result is the one a single device gives. ``swap`` (GroupEvaluator.load_only) loads a step's
@@ -24,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from evald.pipeline.group.protocol import ERROR, GENERATE, OK, SCORE, Group, GroupError
-from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer, TokenScores
+from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer, TokenScores, shared_rows
 
 log = logging.getLogger("evald.group")
 
@@ -40,6 +41,17 @@ def _mine(count: int, rank: int, ranks: Sequence[int]) -> list[int]:
     return list(range(list(ranks).index(rank), count, len(ranks)))
 
 
+def _mine_by_row(rows: Sequence[int], rank: int, ranks: Sequence[int]) -> list[int]:
+    """This rank's requests to score: those of every len(ranks)-th shared input row (``shared_rows``).
+    Requests that share a row stay together, so each is read from the row, and in the bucket, one device
+    uses for it: a split by request would give a request whose partner went to another rank a shorter row,
+    perhaps in another bucket, whose compiled graph need not give the same bits."""
+    if rank not in ranks:
+        return []
+    place = list(ranks).index(rank)
+    return [i for i, row in enumerate(rows) if row % len(ranks) == place]
+
+
 def score_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, Any]) -> tuple[list, dict]:
     """Every rank: score this rank's share of ``payload``'s requests and exchange the answer."""
     requests = [ScoreRequest(c, t) for c, t in payload["requests"]]
@@ -52,7 +64,8 @@ def score_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, 
     try:
         if scorer is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        mine = _mine(len(requests), group.rank, payload.get("ranks") or range(group.size))
+        ranks = payload.get("ranks") or range(group.size)
+        mine = _mine_by_row(shared_rows(requests, scorer.max_length), group.rank, ranks)
         for i, scores in zip(mine, scorer.score([requests[i] for i in mine])):
             arrays["logprobs"][offsets[i]:offsets[i + 1]] = scores.logprobs
             arrays["greedy"][offsets[i]:offsets[i + 1]] = scores.greedy

@@ -191,6 +191,56 @@ class _Row:
     reads: list[tuple[int, int]]
 
 
+def _prepared(request: ScoreRequest, max_length: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    context, continuation = list(request.context), list(request.continuation)
+    if not continuation:
+        raise ValueError("a continuation needs at least one token to score")
+    if len(continuation) > max_length:
+        raise ValueError(f"a continuation of {len(continuation)} tokens does not fit max_length "
+                         f"{max_length}")
+    if not context:
+        raise ValueError("a context needs at least one token (lm-eval passes the prefix/EOS token)")
+    whole = context + continuation
+    kept = whole[-(max_length + 1):]
+    return (np.asarray(kept[:-1], np.int32), np.asarray(kept[1:], np.int32), len(whole) - len(kept),
+            len(continuation))
+
+
+def _share_rows(prepared: list) -> tuple[list[_Row], list[tuple[int, int]]]:
+    """One row per distinct input that is no prefix of another; each request's (row, length)."""
+    inputs = sorted({tuple(int(t) for t in p[0]) for p in prepared})
+    owner: dict[tuple[int, ...], int] = {}
+    rows: list[_Row] = []
+    # In lexicographic order, a sequence that is a prefix of any other is a prefix of the one just after it.
+    for k in range(len(inputs) - 1, -1, -1):
+        tokens = inputs[k]
+        after = inputs[k + 1] if k + 1 < len(inputs) else None
+        if after is not None and len(after) > len(tokens) and after[:len(tokens)] == tokens:
+            owner[tokens] = owner[after]
+        else:
+            owner[tokens] = len(rows)
+            rows.append(_Row(tokens, []))
+    seen: list[set] = [set() for _ in rows]
+    placement = []
+    for tokens, target, _, count in prepared:
+        row = owner[tuple(int(t) for t in tokens)]
+        for p in range(len(tokens) - count, len(tokens)):
+            read = (p, int(target[p]))
+            if read not in seen[row]:
+                seen[row].add(read)
+                rows[row].reads.append(read)
+        placement.append((row, len(tokens)))
+    return rows, placement
+
+
+def shared_rows(requests: Sequence[ScoreRequest], max_length: int) -> list[int]:
+    """The input row each of ``requests`` is read from when they are scored in one call (requests that
+    share a row have the same number). Scoring any subset that keeps each row's requests together gives
+    every request the same row, so the same bucket and the same bits (an eval group splits by this)."""
+    _, placement = _share_rows([_prepared(r, max_length) for r in requests])
+    return [row for row, _ in placement]
+
+
 class TokenScorer:
     def __init__(self, network: nn.Cell, *, max_length: int | None = None, batch_size: int | str = 8,
                  lengths: Sequence[int] | None = None, top_k: int = 0) -> None:
@@ -300,31 +350,9 @@ class TokenScorer:
             self.stats.requested_tokens += len(tokens)
         return results
 
-    def _share(self, prepared: list) -> tuple[list[_Row], list[tuple[int, int]]]:
-        """One row per distinct input that is no prefix of another; each request's (row, length)."""
-        inputs = sorted({tuple(int(t) for t in p[0]) for p in prepared})
-        owner: dict[tuple[int, ...], int] = {}
-        rows: list[_Row] = []
-        # In lexicographic order, a sequence that is a prefix of any other is a prefix of the one just after it.
-        for k in range(len(inputs) - 1, -1, -1):
-            tokens = inputs[k]
-            after = inputs[k + 1] if k + 1 < len(inputs) else None
-            if after is not None and len(after) > len(tokens) and after[:len(tokens)] == tokens:
-                owner[tokens] = owner[after]
-            else:
-                owner[tokens] = len(rows)
-                rows.append(_Row(tokens, []))
-        seen: list[set] = [set() for _ in rows]
-        placement = []
-        for tokens, target, _, count in prepared:
-            row = owner[tuple(int(t) for t in tokens)]
-            for p in range(len(tokens) - count, len(tokens)):
-                read = (p, int(target[p]))
-                if read not in seen[row]:
-                    seen[row].add(read)
-                    rows[row].reads.append(read)
-            placement.append((row, len(tokens)))
-        return rows, placement
+    @staticmethod
+    def _share(prepared: list) -> tuple[list[_Row], list[tuple[int, int]]]:
+        return _share_rows(prepared)
 
     def _run_rows(self, rows: list[_Row], batch: list[int], values: list[dict]) -> None:
         n = self.bucket_for(len(rows[batch[0]].tokens))
@@ -343,18 +371,7 @@ class TokenScorer:
         self.stats.real_tokens += sum(len(rows[i].tokens) for i in batch)
 
     def _row(self, request: ScoreRequest) -> tuple[np.ndarray, np.ndarray, int, int]:
-        context, continuation = list(request.context), list(request.continuation)
-        if not continuation:
-            raise ValueError("a continuation needs at least one token to score")
-        if len(continuation) > self.max_length:
-            raise ValueError(f"a continuation of {len(continuation)} tokens does not fit max_length "
-                             f"{self.max_length}")
-        if not context:
-            raise ValueError("a context needs at least one token (lm-eval passes the prefix/EOS token)")
-        whole = context + continuation
-        kept = whole[-(self.max_length + 1):]
-        return (np.asarray(kept[:-1], np.int32), np.asarray(kept[1:], np.int32), len(whole) - len(kept),
-                len(continuation))
+        return _prepared(request, self.max_length)
 
     def _score_batch(self, inputs: np.ndarray, reads: np.ndarray) -> list[np.ndarray]:
         import mindspore as ms
