@@ -46,4 +46,8 @@ else
         set -- -m "$DEFAULT_STAGE" "$@"
     fi
 fi
-exec .venv/bin/python -m pytest --durations=30 "$@"
+# Two workers (pytest-xdist), a test file each at a time (--dist loadfile: a module's compiled network and a
+# session's shared training run stay in one process). On 2 cores much of a test's time is one thread compiling
+# or waiting on a process or a socket, so two run well side by side. `-n 0` after the script's arguments runs
+# everything in one process (the last -n counts).
+exec .venv/bin/python -m pytest -n 2 --dist loadfile --durations=30 "$@"
