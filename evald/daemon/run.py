@@ -7,7 +7,8 @@ Data flow (docs/architecture.md)::
         messages -> announcement (config), train stream (health, TensorBoard), run end
     Run.work  -> evaluation.evaluate_next: pipeline (load, verify, evaluate)
                  -> decisions -> one ledger transaction
-    Run.tick  -> sinks: TensorBoard (the ledger's outbox), control channel, best pointer
+    Run.tick  -> the sinks, one list ticked with the committed state (evald.sinks.sink): TensorBoard
+                 (the ledger's outbox), counters, best pointer, control channel; and after each turn of work
 
 The directory is the truth: the trainer's RUN.json names the run and its factories and
 RUN_END.json says it finished. Messages only ring the bell: one for another directory
@@ -40,10 +41,11 @@ from evald.ledger.disk_full import DiskWait
 from evald.ledger.ledger import EVALUATED, EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
 from evald.pipeline.pipeline import EvaluationPipeline
-from evald.sinks.best_pointer import write_best_pointer
-from evald.sinks.control import ControlPublisher
+from evald.sinks.best_pointer import BestPointer
+from evald.sinks.control import ControlPublisher, ControlSink
 from evald.sinks.counters import CountersFile, MessageCounts
 from evald.sinks.leases import Leases
+from evald.sinks.sink import RunState, Sink
 from evald.sinks.summary import write_run_summary
 from evald.sinks.tensorboard import TensorBoardSink
 
@@ -91,14 +93,16 @@ class Run:
         self.suite_monitor = suite_turn.SuiteMonitor(  # a monitor on a suite metric decides on its cells
             self.decisions, newest_step=lambda: self.intake.newest_step,
             every_n_steps=lambda: self.announcement.every_n_steps if self.announcement else None)
-        self.tensorboard = TensorBoardSink(self.run_dir, self.ledger)
-        self._opened.append(("events", self.tensorboard.close))
-        self.counts = CountersFile(self.run_dir)
         self.intake = Intake(self.ckpt_dir, self.ledger, self.config)
         requeue_if_config_changed(self.ledger, self.config, network_known=False)  # before intake judges
         self.retries = RetryWatch(self.ledger)
         self.train = TrainStream(self.ledger, self.decisions)
-        self.leases = Leases(self.ckpt_dir, self.ledger, self.config.tuning.lease_s)
+        self.sinks: list[Sink] = [TensorBoardSink(self.run_dir, self.ledger), CountersFile(self.run_dir),
+                                  BestPointer(self.run_dir, self.disk)]
+        if self.control is not None:
+            self.sinks.append(ControlSink(self.control, Leases(self.ckpt_dir, self.ledger,
+                                                               self.config.tuning.lease_s)))
+        self._opened += [(sink.name, sink.close) for sink in self.sinks]
         self.discovery = Discovery(self.ckpt_dir, self.events, watch=self.config.tuning.watch,
                                    polling_interval_s=self.config.tuning.polling_interval_s)
         self._read_announcement()
@@ -106,8 +110,7 @@ class Run:
         self.discovery.start()
         self._opened.append(("watcher", self.discovery.stop))
         self._rescan()
-        self._publish()
-        self._write_best_pointer()
+        self._tick_sinks()
         log.info("serving %s (run %s); TensorBoard events, ledger and summary in %s", self.ckpt_dir,
                  self.run_id, self.run_dir)
 
@@ -224,10 +227,6 @@ class Run:
 
     def tick(self) -> None:
         now = time.monotonic()
-        if self.control is not None:
-            if self.leases.due():
-                self._publish()  # fresh leases: what evald still needs, what the trainer may delete
-            self.control.tick()
         if now - self._last_rescan >= self.config.tuning.rescan_interval_s:
             self._last_rescan = now
             self._rescan()
@@ -235,10 +234,18 @@ class Run:
         if self.retries.changed():  # `evald retry` forgot judged files: judge them again
             self.intake.forget_judged()
             self._rescan()
-        self.tensorboard.drain()
-        self.counts.update(MessageCounts(handled=self.counters.handled_messages,
-                                         ignored=self.counters.ignored_messages,
-                                         bad_frames=self.receiver.rejected if self.receiver is not None else 0))
+        self._tick_sinks()
+
+    def _tick_sinks(self) -> None:
+        """Every sink, in order, with the state committed so far."""
+        state = RunState(
+            ledger=self.ledger, decisions=self.decisions, run_id=self.run_id, lag_policy=self.config.lag_policy,
+            final_step=self.intake.final_step, monitor=self.config.monitor,
+            messages=MessageCounts(handled=self.counters.handled_messages, ignored=self.counters.ignored_messages,
+                                   bad_frames=self.receiver.rejected if self.receiver is not None else 0),
+            longest_load_s=self.counters.longest_load_s)
+        for sink in self.sinks:
+            sink.tick(state)
 
     def prepare(self) -> bool:
         """Build the evaluation network if its factories are known; False while it cannot be."""
@@ -258,14 +265,6 @@ class Run:
             self._subset_recorded = subset
         return ready
 
-    def _after_suite_decision(self) -> None:
-        """A suite monitor decided on a cell: the best pointer and the control state follow it."""
-        outcome, self.suite_monitor.outcome = self.suite_monitor.outcome, None
-        if outcome is not None:
-            if outcome.improved:
-                self._write_best_pointer()
-            self._publish()
-
     def work(self) -> bool:
         """Evaluate or skip one queued step; True if something was done."""
         waiting = self.ledger.steps(QUEUED)
@@ -282,8 +281,7 @@ class Run:
             done = suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
                                              max_attempts=self.config.tuning.max_attempts,
                                              monitor=self.suite_monitor)
-            self.tensorboard.drain()
-            self._after_suite_decision()
+            self._tick_sinks()   # a suite monitor's decision: best pointer and control state follow it
             return done
         if not self.prepare():
             if time.monotonic() - self._blocked_said_at > BLOCKED_REMINDER_S:
@@ -301,19 +299,14 @@ class Run:
             max_attempts=self.config.tuning.max_attempts, subset_text=subset.describe(), run_id=self.run_id,
             catch_up=self.catch_up)
         done = evaluation.evaluate_next(self.ledger, self.pipeline, self.decisions, ctx, self.counters)
-        self.tensorboard.drain()
+        self._tick_sinks()   # the step's points, best pointer and decision out before its cells run
         if done is not None and done.evaluated and self.pipeline.suites:  # its cells, on the weights held
             suite_turn.queue_due(self.ledger, self.pipeline)
             if self.ledger.cell_counts():
                 suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
                                           max_attempts=self.config.tuning.max_attempts, step=done.row.step,
                                           monitor=self.suite_monitor)
-                self.tensorboard.drain()
-                self._after_suite_decision()
-        if done is not None and done.evaluated:
-            if done.outcome.improved or done.best_rebuilt:
-                self._write_best_pointer()
-            self._publish()
+                self._tick_sinks()
         return True
 
     def _suites_may_build(self) -> bool:
@@ -353,23 +346,7 @@ class Run:
         assert self.run_end is not None
         if write_run_summary(self.ledger, self.decisions, self.run_dir, self.run_id, self.run_end,
                              self.config.monitor) is not None:
-            self.tensorboard.drain()
-            self._publish()
-
-    def _publish(self) -> None:
-        self.leases.longest_load_s = self.counters.longest_load_s
-        state = self.leases.control_state(
-            self.decisions.control_state(), run_id=self.run_id, seq=self.decisions.seq,
-            lag_policy=self.config.lag_policy, final_step=self.intake.final_step, best_step=self.decisions.best_step)
-        if self.control is not None and state is not None:
-            self.control.update(state)
-
-    def _write_best_pointer(self) -> None:
-        best = self.decisions.best_step
-        row = self.ledger.step(best) if best is not None else None
-        if row is not None:
-            self.disk.retry("best.json", lambda: write_best_pointer(self.run_dir, best, row.source, self.config.monitor,
-                                                          self.decisions.best_value))
+            self._tick_sinks()
 
     def close(self) -> None:
         """Close what ``start`` opened (all of it, or what it got to before it failed), newest first."""

@@ -2,8 +2,10 @@
 ledger's outbox), the control channel and its retention leases, the best-checkpoint
 pointer, and the run summary.
 
+- ``sink.py``: what a sink is (``tick(RunState)``, ``close()``) and the committed state the run ticks its list
+  of sinks with, after every turn
 - ``tensorboard.py`` (the outbox's writer), ``tensorboard_layout.py`` (the Custom Scalars layout, the shown tags)
-- ``control.py``, ``leases.py``, ``best_pointer.py``
+- ``control.py`` (the publisher, and the run's control sink), ``leases.py``, ``best_pointer.py``
 - ``summary.py`` (summary.json), ``summary_table.py`` (its Markdown table)
 - ``counters.py`` (counters.json): what the loop did with the messages it got
 - ``sample_files.py``: the paired SE of a suite monitor, from the per-sample outputs (read with

@@ -14,8 +14,35 @@ import time
 from pathlib import Path
 
 from evald.contracts import layout
+from evald.ledger.disk_full import DiskWait
+from evald.sinks.sink import RunState
 
 BEST_FILE = "best.json"
+
+
+class BestPointer:
+    """A sink (evald.sinks.sink): best.json, rewritten when the best step, its value or its entry changes
+    (a better step, a re-evaluation that moved the best, a retry that rebuilt it), and at start."""
+
+    name = "best pointer"
+
+    def __init__(self, logdir: Path, disk: DiskWait) -> None:
+        self.logdir, self.disk = Path(logdir), disk
+        self._written: tuple | None = None
+
+    def tick(self, state: RunState) -> None:
+        best = state.decisions.best_step
+        row = state.ledger.step(best) if best is not None else None
+        if row is None:
+            return
+        wanted = (best, state.decisions.best_value, row.source, state.monitor)
+        if wanted != self._written:
+            self.disk.retry(BEST_FILE, lambda: write_best_pointer(self.logdir, best, row.source, state.monitor,
+                                                                  state.decisions.best_value))
+            self._written = wanted
+
+    def close(self) -> None:
+        pass
 
 
 def write_best_pointer(logdir: Path, step: int, source: str, monitor: str, value: float | None) -> None:

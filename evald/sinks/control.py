@@ -6,6 +6,10 @@ gets it within one period. Subscribers keep only the newest (CONFLATE).
 The socket is a CURVE server when keys are given (only allow-listed trainers
 receive the state, and a trainer accepts it only from evald's key); see
 evald.contracts.auth.
+
+``ControlSink`` is the run's sink (evald.sinks.sink) on a publisher the server owns: the decisions'
+state with the retention leases (evald.sinks.leases), published at once when a decision, the best step,
+the final step or a step's state changes, with fresh leases every leases.REFRESH_S otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import time
 
 from evald.contracts.auth import SecurityConfig, secure_server
 from evald.contracts.wire import ControlState, ensure_bindable
+from evald.sinks.leases import Leases
+from evald.sinks.sink import RunState
 
 log = logging.getLogger("evald.control")
 
@@ -60,3 +66,32 @@ class ControlPublisher:
 
     def close(self) -> None:
         self._auth.close()  # the socket first, then its ZAP handler
+
+
+class ControlSink:
+    """The control state of one run, published on the server's ControlPublisher (which outlives the run)."""
+
+    name = "control channel"
+
+    def __init__(self, publisher: ControlPublisher, leases: Leases) -> None:
+        self.publisher, self.leases = publisher, leases
+        self._published_for: tuple | None = None
+
+    def tick(self, state: RunState) -> None:
+        decisions = state.decisions
+        # what the state names, except the leases: a change publishes now (the leases with it); the leases
+        # alone are refreshed every REFRESH_S, since finding a checkpoint commits too often to publish each
+        news = (state.run_id, decisions.seq, decisions.best_step, state.final_step, state.lag_policy,
+                tuple(sorted(state.ledger.counts().items())))
+        if news != self._published_for or self.leases.due():
+            self._published_for = news
+            self.leases.longest_load_s = state.longest_load_s
+            control = self.leases.control_state(decisions.control_state(), run_id=state.run_id, seq=decisions.seq,
+                                                lag_policy=state.lag_policy, final_step=state.final_step,
+                                                best_step=decisions.best_step)
+            if control is not None:
+                self.publisher.update(control)
+        self.publisher.tick()
+
+    def close(self) -> None:
+        pass   # the publisher is the server's: a restarted run publishes on it again

@@ -30,6 +30,10 @@ class MessageCounts:
 
 
 class CountersFile:
+    """A sink (evald.sinks.sink): counters.json, rewritten when the counts change."""
+
+    name = "counters file"
+
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / COUNTERS_FILE
         self._written: MessageCounts | None = None
@@ -43,6 +47,12 @@ class CountersFile:
             log.debug("could not write %s: %s", self.path, exc)
             return
         self._written = counts
+
+    def tick(self, state) -> None:   # evald.sinks.sink.RunState (sink.py imports this module)
+        self.update(state.messages)
+
+    def close(self) -> None:
+        pass
 
 
 def read_counts(run_dir: Path) -> MessageCounts | None:

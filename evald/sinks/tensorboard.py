@@ -197,7 +197,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 class TensorBoardSink:
-    """Writes the ledger's pending records into the run directory's sub-runs."""
+    """Writes the ledger's pending records into the run directory's sub-runs; a sink (evald.sinks.sink)."""
+
+    name = "TensorBoard events"
 
     def __init__(self, run_dir: Path, ledger: Ledger) -> None:
         self.run_dir = Path(run_dir)
@@ -218,6 +220,10 @@ class TensorBoardSink:
             log.info("%d TensorBoard record(s) were waiting at start-up; %s rewritten from the ledger (those that "
                      "reached disk before evald stopped are not written twice)", pending,
                      ", ".join(sorted(self._stale)))
+
+    def tick(self, state: object = None) -> None:
+        """The sink's turn (evald.sinks.sink.RunState): the outbox is the ledger this sink was given."""
+        self.drain()
 
     def drain(self) -> int:
         """Write every pending record; returns how many. A full disk leaves them pending (not lost)."""
