@@ -278,11 +278,11 @@ class Run:
                 return False
             suite_turn.take_backfill_requests(self.ledger, self.pipeline)
             suite_turn.queue_due(self.ledger, self.pipeline)
-            done = suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
-                                             max_attempts=self.config.tuning.max_attempts,
-                                             monitor=self.suite_monitor)
+            ran = suite_turn.evaluate_cells(self.ledger, self.pipeline, self.ckpt_dir, self.run_dir,
+                                            max_attempts=self.config.tuning.max_attempts,
+                                            monitor=self.suite_monitor)
             self._tick_sinks()   # a suite monitor's decision: best pointer and control state follow it
-            return done
+            return ran
         if not self.prepare():
             if time.monotonic() - self._blocked_said_at > BLOCKED_REMINDER_S:
                 self._blocked_said_at = time.monotonic()
@@ -290,6 +290,7 @@ class Run:
                           self.pipeline.blocked_reason)
             return False
         subset = self.pipeline.subset
+        assert subset is not None, "prepare() is True only once the network and its subset are built"
         if self.receiver is not None:
             self.counters.bad_messages = self.receiver.rejected
         ctx = evaluation.Context(

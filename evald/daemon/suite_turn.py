@@ -23,17 +23,21 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from evald.decisions.decisions import Decisions, Outcome
 from evald.decisions.monitor_targets import parse_suite_monitor
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
+from evald.ledger.schema import Cell
 from evald.ledger.samples import write_samples
-from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
+from evald.pipeline.pipeline import EvaluationPipeline, Failed, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.pipeline.suites.tokenizer import TokenizerChanged, check_unchanged
 from evald.sinks import tensorboard_layout
 from evald.sinks.sample_files import paired_se_of_monitor
+
+if TYPE_CHECKING:   # the runner imports lm-eval; suite_turn runs without a suite configured too
+    from evald.pipeline.suites.runner import SuiteResult
 
 log = logging.getLogger("evald")
 
@@ -43,7 +47,7 @@ SINCE_KEY = "suites_since"           # kv: {suite: the first step it covers with
 TOKENIZER_KEY = "tokenizer_sha256"   # kv: the tokenizer this run's benchmarks use (one per run)
 
 
-def on_built(ledger: Ledger, pipeline: Pipeline, run_id: str | None = None) -> None:
+def on_built(ledger: Ledger, pipeline: EvaluationPipeline, run_id: str | None = None) -> None:
     """After a (re)build: results of another validation identity are superseded and their steps queued
     again (issue 18.2/18.3); each suite's cells of another identity are superseded and queued again."""
     identity = pipeline.validation_identity
@@ -56,7 +60,7 @@ def on_built(ledger: Ledger, pipeline: Pipeline, run_id: str | None = None) -> N
     recorded = ledger.get_state(TOKENIZER_KEY)
     for name, runner in list(pipeline.suites.items()):
         try:
-            check_unchanged(recorded, runner.identity["tokenizer"],
+            check_unchanged(recorded, str(runner.identity["tokenizer"]),
                             max(ledger.step_numbers(), default=0))
         except TokenizerChanged as exc:
             pipeline.suites.pop(name)
@@ -88,7 +92,7 @@ def selected(evaluated_steps: Sequence[int], step: int, every_k: int) -> bool:
     return step in ordered and ordered.index(step) % every_k == 0
 
 
-def queue_due(ledger: Ledger, pipeline: Pipeline) -> list[tuple[str, int]]:
+def queue_due(ledger: Ledger, pipeline: EvaluationPipeline) -> list[tuple[str, int]]:
     """Queue every due cell that is missing (see the module's docstring); the (suite, step) queued."""
     if not pipeline.suites:
         return []
@@ -140,7 +144,7 @@ def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None
     return list(plan_backfill(ledger, ckpt_dir, steps, every).steps)
 
 
-def take_backfill_requests(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path | None = None) -> int:
+def take_backfill_requests(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path | None = None) -> int:
     """Queue the cells `evald backfill` asked for (kv ``backfill_requests``); cells queued."""
     requests = ledger.get_state(BACKFILL_KEY) or []
     if not requests:
@@ -188,7 +192,7 @@ class SuiteMonitor:
         return self.outcome.texts(), {"decisions": self.decisions.state_dict()}
 
 
-def evaluate_cells(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: Path, *, max_attempts: int,
+def evaluate_cells(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path, run_dir: Path, *, max_attempts: int,
                    step: int | None = None, monitor: SuiteMonitor | None = None) -> bool:
     """Evaluate the queued cells of ``step``, or else the newest queued cell; True if one was run."""
     runnable = [c for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
@@ -202,15 +206,16 @@ def evaluate_cells(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
     return bool(chosen)
 
 
-def waiting_cells(ledger: Ledger, pipeline: Pipeline) -> int:
+def waiting_cells(ledger: Ledger, pipeline: EvaluationPipeline) -> int:
     """Queued cells this evald can run (a suite that is not built cannot hold the run open)."""
     return sum(1 for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
                and c.identity == pipeline.suites[c.suite].cell_identity)
 
 
-def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: Path, cell: Any,
+def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path, run_dir: Path, cell: Cell,
                    max_attempts: int, monitor: SuiteMonitor | None = None) -> None:
     name = cell.suite
+    assert name is not None, f"{cell} is the validation's, not a suite's"   # the callers pass suite cells
     row = ledger.step(cell.step)
     if row is None:
         ledger.finish_cell(cell.step, name, cell.identity, FAILED, reason="the step is not in the ledger")
@@ -251,7 +256,8 @@ def _evaluate_cell(ledger: Ledger, pipeline: Pipeline, ckpt_dir: Path, run_dir: 
                  result.evaluate_s, result.compiled_graphs, bookkeeping[f"evald/suites/{name}/tokens_per_s"],
                  extra={"step": cell.step, "state": EVALUATED, "suite": name})
         return
-    attempts = (ledger.cell(cell.step, name).attempts if ledger.cell(cell.step, name) else 1)
+    current = ledger.cell(cell.step, name)
+    attempts = current.attempts if current is not None else 1
     if isinstance(outcome, Failed) or attempts >= max_attempts:
         reason = outcome.reason if isinstance(outcome, Failed) else f"{outcome.reason} on each of {attempts} attempts"
         state = outcome.state if isinstance(outcome, Failed) else FAILED
@@ -276,7 +282,7 @@ def _suite_layout_if_new(ledger: Ledger, step: int, scalars: Mapping[str, float]
                            kv={tensorboard_layout.LAYOUT_STATE: cover})
 
 
-def _samples_text(result: Any) -> str:
+def _samples_text(result: SuiteResult) -> str:
     """A handful of documents per task, for TensorBoard's Text page: each task's documents as
     preformatted text (a target such as ``# flake8: noqa`` is not Markdown)."""
     parts = []

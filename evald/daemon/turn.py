@@ -21,7 +21,7 @@ from evald.ledger.requeue import RETRY
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 from evald.pipeline.swap import provenance
 from evald.pipeline.metrics.uncertainty import SE_SUFFIX, se_tag
-from evald.pipeline.pipeline import Evaluated, Failed, Pipeline, Retry
+from evald.pipeline.pipeline import Evaluated, EvaluationPipeline, Failed, Retry
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.sinks import tensorboard_layout
 
@@ -71,7 +71,7 @@ class TurnResult:
         return self.outcome is not None
 
 
-def evaluate_next(ledger: Ledger, pipeline: Pipeline, decisions: Decisions, ctx: Context,
+def evaluate_next(ledger: Ledger, pipeline: EvaluationPipeline, decisions: Decisions, ctx: Context,
                   counters: Counters) -> TurnResult | None:
     """Evaluate (or skip) what the lag policy picks; None when there was nothing to do.
 

@@ -33,8 +33,9 @@ from evald.pipeline.swap.provenance import EvaluationSpec
 from evald.pipeline.subset import SubsetInfo
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:   # the suites' runner imports lm-eval: only when a suite is configured, not for a type
     from evald.pipeline.group.evaluator import GroupEvaluator
+    from evald.pipeline.suites.runner import SuiteResult, SuiteRunner
 
 log = logging.getLogger("evald.pipeline.pipeline")
 
@@ -64,7 +65,7 @@ class EvaluationPipeline(Protocol):
     """What the daemon needs of a pipeline: the real one below, or a test's stand-in."""
 
     blocked_reason: str | None
-    suites: dict[str, Any]           # name -> its SuiteRunner (evald.pipeline.suites.runner), once built
+    suites: dict[str, SuiteRunner]   # name -> its runner, once built
     suite_errors: dict[str, str]     # name -> why it cannot run
     suites_pending: tuple[str, ...]  # configured suites not built yet (build_next_suite builds them)
 
@@ -76,7 +77,7 @@ class EvaluationPipeline(Protocol):
     def validation_identity(self) -> str | None:
         """The default validation's identity (sha256 of its settings), once built."""
 
-    def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> Any: ...
+    def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome: ...
 
     def ensure_built(self, config: EvaldConfig) -> bool: ...
 
@@ -101,7 +102,7 @@ class ServablePipeline(Protocol):
 
 @dataclass(frozen=True)
 class SuiteEvaluated:
-    result: Any                  # evald.pipeline.suites.runner.SuiteResult
+    result: SuiteResult
     load_s: float                # 0 when the network already held the step's weights
     provenance: dict
 
@@ -126,7 +127,7 @@ class Pipeline:
         self._built_specs: EvaluationSpec | None = None
         self._failed_specs: EvaluationSpec | None = None
         self._device_selected = device_selected or group is not None
-        self.suites: dict[str, Any] = {}          # name -> evald.pipeline.suites.runner.SuiteRunner
+        self.suites: dict[str, SuiteRunner] = {}
         self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
         self._suites_for: Any = None              # what the suites were built for
         self._suite_plan: tuple[EvaldConfig, EvaluationSpec] | None = None  # what the pending ones are for

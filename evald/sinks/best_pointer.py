@@ -33,12 +33,12 @@ class BestPointer:
     def tick(self, state: RunState) -> None:
         best = state.decisions.best_step
         row = state.ledger.step(best) if best is not None else None
-        if row is None:
+        if best is None or row is None:
             return
         wanted = (best, state.decisions.best_value, row.source, state.monitor)
         if wanted != self._written:
-            self.disk.retry(BEST_FILE, lambda: write_best_pointer(self.logdir, best, row.source, state.monitor,
-                                                                  state.decisions.best_value))
+            step, source, value = best, row.source, state.decisions.best_value
+            self.disk.retry(BEST_FILE, lambda: write_best_pointer(self.logdir, step, source, state.monitor, value))
             self._written = wanted
 
     def close(self) -> None:

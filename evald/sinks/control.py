@@ -33,7 +33,7 @@ class ControlPublisher:
         self.republish_s = republish_s
         self._zmq = zmq
         ensure_bindable(endpoint)
-        self._socket = zmq.Context.instance().socket(zmq.PUB)
+        self._socket: zmq.Socket = zmq.Context.instance().socket(zmq.PUB)
         self._socket.setsockopt(zmq.LINGER, 0)
         try:
             self._auth = secure_server(self._socket, endpoint, security or SecurityConfig())
