@@ -29,12 +29,12 @@ from evald.decisions.decisions import Decisions, Outcome
 from evald.decisions.monitor_targets import parse_suite_monitor
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
 from evald.ledger.schema import Cell
-from evald.ledger.samples import write_samples
+from evald.ledger.samples import SampleFileError, samples_of, write_samples
 from evald.pipeline.pipeline import EvaluationPipeline, Failed, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.pipeline.suites.tokenizer import TokenizerChanged, check_unchanged
 from evald.sinks import tensorboard_layout
-from evald.sinks.sample_files import paired_se_of_monitor
+from evald.sinks.sample_files import StepSamples, paired_se_of_monitor
 
 if TYPE_CHECKING:   # the runner imports lm-eval; suite_turn runs without a suite configured too
     from evald.pipeline.suites.runner import SuiteResult
@@ -184,9 +184,23 @@ class SuiteMonitor:
         parsed = parse_suite_monitor(self.decisions.monitor)
         return parsed is not None and parsed.suite == suite
 
-    def observe(self, run_dir: Path, step: int, scalars: Mapping[str, float]) -> tuple[dict[str, str], dict]:
-        """The decision texts and the ledger state to commit with the cell."""
-        paired = paired_se_of_monitor(run_dir, self.decisions.monitor, step, self.decisions.best_step)
+    def monitored_samples(self, result: SuiteResult, where: Path) -> StepSamples | None:
+        """The monitored task's per-sample values in ``result`` (a cell of the monitored suite), as the
+        file at ``where`` holds them; None when the result has no such task."""
+        parsed = parse_suite_monitor(self.decisions.monitor)
+        task = result.tasks.get(parsed.task) if parsed is not None else None
+        if task is None:
+            return None
+        try:
+            return StepSamples(result.identity_sha256[:12], samples_of(task.samples, where))
+        except SampleFileError:
+            return None   # as a malformed file would: the unpaired rule (paired_se_of_monitor reads it and says why)
+
+    def observe(self, run_dir: Path, step: int, scalars: Mapping[str, float],
+                this_step: StepSamples | None = None) -> tuple[dict[str, str], dict]:
+        """The decision texts and the ledger state to commit with the cell (``this_step``: the monitored
+        task's samples of ``step``, from the cell's results in memory; else read back from its file)."""
+        paired = paired_se_of_monitor(run_dir, self.decisions.monitor, step, self.decisions.best_step, this_step)
         self.outcome = self.decisions.observe_eval(step, scalars, newest_step=max(self.newest_step(), step),
                                                    every_n_steps=self.every_n_steps(), paired_se=paired.value)
         return self.outcome.texts(), {"decisions": self.decisions.state_dict()}
@@ -229,10 +243,10 @@ def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path,
     now = time.time()
     if isinstance(outcome, SuiteEvaluated):
         result = outcome.result
-        for task, task_result in result.tasks.items():
-            write_samples(run_dir, suite=name, task=task, step=cell.step, identity=result.identity,
-                          identity_sha256=result.identity_sha256, cell_identity=cell.identity,
-                          metrics=task_result.metrics, samples=task_result.samples)
+        written = {task: write_samples(run_dir, suite=name, task=task, step=cell.step, identity=result.identity,
+                                       identity_sha256=result.identity_sha256, cell_identity=cell.identity,
+                                       metrics=task_result.metrics, samples=task_result.samples)
+                   for task, task_result in result.tasks.items()}
         scalars = result.scalars()
         bookkeeping = {f"evald/suites/{name}/evaluate_s": result.evaluate_s,
                        f"evald/suites/{name}/load_s": outcome.load_s,
@@ -244,7 +258,10 @@ def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path,
                                                   f"{result.identity['lm_eval']}"}
         kv = None
         if monitor is not None and monitor.wants(name):
-            decided, kv = monitor.observe(run_dir, cell.step, scalars)
+            target = parse_suite_monitor(monitor.decisions.monitor)
+            where = written.get(target.task) if target is not None else None
+            this_step = monitor.monitored_samples(result, where) if where is not None else None
+            decided, kv = monitor.observe(run_dir, cell.step, scalars, this_step)
             texts.update(decided)
         _suite_layout_if_new(ledger, cell.step, {f"eval/{k}": v for k, v in scalars.items()}, row.commit_time or now)
         record = Record("eval", cell.step, row.commit_time or now, {**scalars, **bookkeeping}, texts)

@@ -102,7 +102,7 @@ class Sidecar:
 class TaskSamples:
     """One file's documents: ``doc_ids`` sorted, ``metrics[name][i]`` the value of document ``doc_ids[i]``."""
 
-    file: SampleFile
+    file: SampleFile | None   # None: from memory (samples_of), the file not read
     doc_ids: np.ndarray
     metrics: dict[str, np.ndarray]
 
@@ -382,10 +382,21 @@ def read_documents(file: SampleFile) -> list[dict]:
 def read_samples(file: SampleFile) -> TaskSamples:
     """Every document's metric values, as arrays: each value a finite number or a ``[loglikelihood, weight]``
     pair, each metric on every document."""
-    path = file.samples
+    return _task_samples(file, file.samples, _lines(file.samples))
+
+
+def samples_of(records: Sequence[Mapping[str, Any]], where: Path) -> TaskSamples:
+    """What ``read_samples`` gives for the file ``write_samples`` makes of ``records`` (at ``where``), from
+    memory: each record in the same strict JSON form, with the same checks, and no file read."""
+    documents = ((f"{where} document {i}", json.dumps(_strict_record(r), allow_nan=False).encode("utf-8"))
+                 for i, r in enumerate(records, 1))
+    return _task_samples(None, where, ((place, _document(place, line)) for place, line in documents))
+
+
+def _task_samples(file: SampleFile | None, path: Path, documents: Iterator[tuple[str, dict]]) -> TaskSamples:
     ids: list[int] = []
     values: dict[str, list] = {}
-    for where, doc in _lines(path):
+    for where, doc in documents:
         metrics = doc["metrics"]
         if not metrics:
             raise SampleFileError(f"{where}: 'metrics' must be a non-empty object")

@@ -1,5 +1,5 @@
 """Early stopping on a suite metric (``--monitor fast/mc/acc``): the decisions see each cell of that suite,
-with the paired SE of the difference from the best step read from the per-sample files the cell wrote,
+with the paired SE of the difference from the best step (its per-sample file; the step just evaluated from memory),
 and their state is committed with the cell in one ledger transaction.
 
 The real Decisions, ledger, per-sample writer and reader; the suite's results stand in for lm-eval's.
@@ -60,3 +60,37 @@ def test_min_delta_in_standard_errors_uses_the_paired_one(tmp_path):
     monitor.observe(tmp_path, 20, _cell(tmp_path, 20, 110))   # +0.05: 10 more right, none fewer
     reason = monitor.outcome.reason
     assert "paired" in reason, reason
+
+
+def test_the_step_just_evaluated_is_paired_from_memory_and_gives_what_its_file_gives(tmp_path):
+    """Issue 25: the monitor no longer reads back the file its own cell wrote in the same turn. From memory
+    the paired SE equals the one read from disk; with that file broken after the write, memory still pairs."""
+    from types import SimpleNamespace
+
+    from evald.ledger.samples import list_samples
+
+    def result_of(right: int):
+        samples = [{"doc_id": i, "target": "a", "resps": [["a"]], "metrics": {"acc": float(i < right)}}
+                   for i in range(DOCS)]
+        return SimpleNamespace(identity_sha256="ab" * 32, tasks={"mc": SimpleNamespace(samples=samples)})
+
+    by_disk, by_memory = _monitor(min_delta=MinDelta(2.0, "se")), _monitor(min_delta=MinDelta(2.0, "se"))
+    for monitor in (by_disk, by_memory):
+        monitor.observe(tmp_path, 10, _cell(tmp_path, 10, 100))
+    scalars = _cell(tmp_path, 20, 110)
+    [written] = [f.samples for f in list_samples(tmp_path, suite="fast", task="mc") if f.step == 20]
+    this_step = by_memory.monitored_samples(result_of(110), written)
+    assert this_step is not None and this_step.samples.file is None
+    by_disk.observe(tmp_path, 20, scalars)
+    by_memory.observe(tmp_path, 20, scalars, this_step)
+    assert "paired" in by_disk.outcome.reason and by_memory.outcome.reason == by_disk.outcome.reason
+
+    written.write_bytes(b"not gzip")   # the file is not read for the step just evaluated
+    again = _monitor(min_delta=MinDelta(2.0, "se"))
+    again.observe(tmp_path, 10, _cell(tmp_path, 10, 100))
+    again.observe(tmp_path, 20, scalars, this_step)
+    assert again.outcome.reason == by_memory.outcome.reason
+    from_disk = _monitor(min_delta=MinDelta(2.0, "se"))
+    from_disk.observe(tmp_path, 10, _cell(tmp_path, 10, 100))
+    from_disk.observe(tmp_path, 20, scalars)
+    assert "paired" not in from_disk.outcome.reason   # read back, the broken file gives the unpaired rule
