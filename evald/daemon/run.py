@@ -2,7 +2,7 @@
 
 Data flow (docs/architecture.md)::
 
-    sources (receiver, discovery) --events--> Run.handle
+    sources (receiver, discovery) --events--> Run.handle -> EventRouter (evald.daemon.routing)
         files    -> intake (ledger rows, lag policy)
         messages -> announcement (config), train stream (health, TensorBoard), run end
     Run.work  -> evaluation.evaluate_next: pipeline (load, verify, evaluate)
@@ -23,20 +23,18 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from evald.config import ConfigError, ResolvedConfig, with_announcement
-from evald.contracts import layout, outside_paths
-from evald.contracts.wire import CheckpointCommitted, Message, RunAnnounced, RunFinished, TrainMetrics
+from evald.config import EvaldConfig, ResolvedConfig
+from evald.contracts import layout
+from evald.contracts.wire import RunAnnounced, RunFinished
 from evald.daemon import suite_turn, turn as evaluation
+from evald.daemon.routing import EventRouter
 from evald.daemon.run_dir import LEDGER_FILE
 from evald.decisions.decisions import Decisions
-from evald.files.mindformers import entry_name, is_tracker
-from evald.intake import trust
-from evald.intake.discovery import RESCAN, WATCHDOG, Discovery
+from evald.intake.discovery import Discovery
 from evald.intake.intake import Intake
 from evald.intake.lag_policy import CatchUp
-from evald.intake.receiver import BAD_MESSAGE, ZMQ, ZMQ_UNTRUSTED, Receiver
-from evald.intake.train_stream import TrainStream, reach
-from evald.intake.trainer_files import Changes, may_name_factories, read_announcement, read_run_end
+from evald.intake.receiver import Receiver
+from evald.intake.train_stream import TrainStream
 from evald.ledger.disk_full import DiskWait
 from evald.ledger.ledger import EVALUATED, EVALUATING, FINAL_STATES, QUEUED, Ledger
 from evald.ledger.requeue import RetryWatch, requeue_if_config_changed
@@ -52,7 +50,6 @@ from evald.sinks.tensorboard import TensorBoardSink
 log = logging.getLogger("evald")
 
 FINAL_CHECKPOINT_GRACE_S = 60.0
-IGNORED_LOG_INTERVAL_S = 10.0
 BLOCKED_REMINDER_S = 60.0
 
 
@@ -65,20 +62,14 @@ class Run:
                  events: "queue.Queue[tuple[str, Any]]", pipeline: EvaluationPipeline,
                  disk: DiskWait | None = None) -> None:
         self.operator = resolved              # what the operator configured
-        self.resolved = resolved              # ... merged with the trainer's announcement
+        self.router: EventRouter | None = None   # the events' routes, and the trainer's files (start())
         self.ckpt_dir, self.run_dir, self.control, self.receiver = ckpt_dir, run_dir, control, receiver
         self.events = events
         self.counters = evaluation.Counters()
         self.catch_up = CatchUp(started_at=time.time())  # checkpoints committed from now on, while building: not lag
         self.disk = disk or DiskWait()
         self.pipeline = pipeline
-        self.announcement: RunAnnounced | None = None
-        self.channel = trust.of_receiver(receiver)      # whether its messages may name factories
-        self._channel_announcement: RunAnnounced | None = None
-        self._run_file_changed = Changes(ckpt_dir / layout.RUN_FILE)
-        self._ignored_said_at = float("-inf")
-        self.run_end: RunFinished | None = None
-        self._end_learned_at = self._blocked_said_at = 0.0
+        self._blocked_said_at = 0.0
         self._last_rescan = time.monotonic()
         self._identities_for: Any = None
         self._subset_recorded: Any = None  # the SubsetInfo last written to subset.json
@@ -105,8 +96,11 @@ class Run:
         self._opened += [(sink.name, sink.close) for sink in self.sinks]
         self.discovery = Discovery(self.ckpt_dir, self.events, watch=self.config.tuning.watch,
                                    polling_interval_s=self.config.tuning.polling_interval_s)
-        self._read_announcement()
-        self._read_run_end()
+        self.router = EventRouter(self.ckpt_dir, self.operator, self.receiver, intake=self.intake,
+                                  discovery=self.discovery, decisions=self.decisions, train=self.train,
+                                  counters=self.counters)
+        self.router.read_announcement()
+        self.router.read_run_end()
         self.discovery.start()
         self._opened.append(("watcher", self.discovery.stop))
         self._rescan()
@@ -115,115 +109,34 @@ class Run:
                  self.run_id, self.run_dir)
 
     @property
-    def config(self):
+    def resolved(self) -> ResolvedConfig:
+        """The operator's configuration merged with the trainer's announcement (the operator's before start)."""
+        return self.router.resolved if self.router is not None else self.operator
+
+    @property
+    def config(self) -> EvaldConfig:
         return self.resolved.config
+
+    @property
+    def announcement(self) -> RunAnnounced | None:
+        return self.router.announcement if self.router is not None else None
+
+    @property
+    def run_end(self) -> RunFinished | None:
+        return self.router.run_end if self.router is not None else None
 
     @property
     def run_id(self) -> str | None:
         return self.announcement.run_id if self.announcement else None
 
     def handle(self, source: str, item: Any) -> bool:
-        """One event; True when it was news (a message for this run, or an entry not seen before)."""
-        if source in (ZMQ, ZMQ_UNTRUSTED):  # an untrusted message is a doorbell too, never more
-            self.counters.handled_messages += 1
-            return self._message(item, trust.of_message(self.receiver, peer_trusted=source == ZMQ))
-        if source in (WATCHDOG, RESCAN):
-            return self._path(Path(item), source)
-        if source == BAD_MESSAGE:
-            self.counters.bad_messages += 1
-        return False
-
-    def _path(self, path: Path, found_via: str) -> bool:
-        if self.discovery.reach(path):  # a MindFormers directory appeared: look inside at once
-            self._rescan()
-        if found_via == WATCHDOG and is_tracker(self.ckpt_dir, path):
-            self._rescan()  # MindFormers' tracker file commits Checkpoint 2.0 iterations: look at them now
-            return False
-        name = entry_name(self.ckpt_dir, path)
-        if name is None:
-            return False
-        if name == layout.RUN_FILE:
-            return self._read_announcement()
-        if name == layout.RUN_END_FILE:
-            return self._read_run_end()
-        return self.intake.found(name, found_via)
-
-    def _message(self, message: Message, origin: trust.Source) -> bool:
-        ckpt_dir = getattr(message, "ckpt_dir", None)
-        if ckpt_dir is not None:
-            try:
-                named = outside_paths.resolve(ckpt_dir, f"the ckpt_dir of a {message.TYPE} message")
-            except outside_paths.OutsidePathError as exc:
-                return self._ignore(message, str(exc))
-            if named != self.ckpt_dir:
-                return self._ignore(message, f"it is for {outside_paths.shown(ckpt_dir)}, and this evald serves "
-                                             f"{self.ckpt_dir}")
-        if message.run_id != self.run_id:
-            if self._run_file_changed():  # a new run announces itself in RUN.json before any message
-                self._read_announcement()
-            if message.run_id != self.run_id:
-                return self._ignore(message, f"run {message.run_id!r} is not the run in "
-                                             f"{self.ckpt_dir / layout.RUN_FILE} ({self.run_id!r})")
-        if isinstance(message, RunAnnounced):
-            if may_name_factories(message, origin) and message != self._channel_announcement:
-                self._channel_announcement = message
-                self._read_announcement()
-        elif isinstance(message, CheckpointCommitted):
-            self.intake.found(message.path, ZMQ)
-        elif isinstance(message, TrainMetrics):
-            self.train.add(message, reach(self.intake.newest_step, self.announcement))
-        elif isinstance(message, RunFinished):
-            # Only the trainer's RUN_END.json ends a run: the message just says "look now". So a
-            # forged message cannot end the run, and a missed one changes nothing.
-            self._read_run_end()
-        return True
-
-    def _ignore(self, message: Message, why: str) -> bool:
-        self.counters.ignored_messages += 1
-        if time.monotonic() - self._ignored_said_at >= IGNORED_LOG_INTERVAL_S:  # a flood must not fill the disk
-            self._ignored_said_at = time.monotonic()
-            log.warning("ignored a %s message: %s (%d ignored so far; one such line every %.0fs at most)",
-                        message.TYPE, why, self.counters.ignored_messages, IGNORED_LOG_INTERVAL_S)
-        return False
-
-    def _read_announcement(self) -> bool:
-        announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel, operator=self.operator)
-        if announced is None:
-            return False
-        try:
-            resolved = with_announcement(self.operator, announced.options, announced.where)
-        except ConfigError as exc:
-            log.error("%s is not usable: %s", announced.where, exc)
-            return False
-        message = announced.message
-        news = self.announcement is None or message != self.announcement
-        if self.announcement is None or message.run_id != self.announcement.run_id:
-            log.info("run %s announced in %s (task %s, %s steps, a checkpoint every %s)", message.run_id,
-                     self.ckpt_dir, message.task, message.total_steps, message.every_n_steps)
-            self.decisions.begin_run(message.run_id)
-        self.announcement, self.resolved = message, resolved
-        self.intake.run_id = message.run_id
-        return news
-
-    def _read_run_end(self) -> bool:
-        message = read_run_end(self.ckpt_dir)
-        if message is None or message.run_id != self.run_id:
-            return False
-        return self._end(message, str(self.ckpt_dir / layout.RUN_END_FILE))
-
-    def _end(self, message: RunFinished, where: str) -> bool:
-        if self.run_end is not None:
-            return False
-        self.run_end, self._end_learned_at = message, time.monotonic()
-        self.intake.final_step = message.final_step
-        log.info("run %s finished at step %d (%s), learned from %s", message.run_id, message.final_step,
-                 message.reason, where)
-        self._rescan()  # the final checkpoint may have landed without an event
-        return True
+        """One event (evald.daemon.routing); True when it was news."""
+        assert self.router is not None, "start() first"
+        return self.router.handle(source, item)
 
     def _rescan(self) -> None:
-        for path in self.discovery.rescan():
-            self._path(path, RESCAN)
+        assert self.router is not None
+        self.router.rescan()
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -336,7 +249,8 @@ class Run:
         final = self.ledger.step(self.run_end.final_step)
         if final is not None and final.state in FINAL_STATES:
             return True
-        if time.monotonic() - self._end_learned_at > FINAL_CHECKPOINT_GRACE_S:
+        assert self.router is not None
+        if time.monotonic() - self.router.end_learned_at > FINAL_CHECKPOINT_GRACE_S:
             log.warning("the final checkpoint (step %d) never appeared in %s; ending anyway",
                         self.run_end.final_step, self.ckpt_dir)
             return True
