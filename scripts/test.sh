@@ -5,14 +5,14 @@
 #                                real-process tests (tests/e2e, @pytest.mark.smoke): one for each contract only
 #                                a process can prove. The README's command.
 #   ./scripts/test.sh --rest     the second stage: every other real-process test and the MindFormers recipe.
-#                                .ci/run runs both stages. The slow fault/load runs (-m slow) and the heavy tests
-#                                (--heavy) are run by hand: CI's 90 minutes on 2 cores do not hold them too.
-#   ./scripts/test.sh --heavy    the tests marked heavy: msrun tensor-parallel groups and a backfill fleet, several
-#                                processes for minutes each; outside CI's 90-minute budget on 2 cores, run by hand.
+#   ./scripts/test.sh --long     the third stage: the slow fault/load runs (-m slow) and the heavy tests (several
+#                                processes for minutes each: msrun tensor-parallel groups, Checkpoint 2.0 under
+#                                msrun, a backfill fleet). .ci/run runs the three stages; together they run every test.
+#   ./scripts/test.sh --heavy    the heavy tests alone.
 #   ./scripts/test.sh ARGS...    pytest with ARGS as given (a file, a folder, -k, -m ...), nothing selected for you.
 #
 # Each stage installs only what it needs: .venv always; headless Chromium, systemd and .venv-mindformers only for
-# --rest.
+# --rest, --long and --heavy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export GLOG_v=3
@@ -22,9 +22,10 @@ export GLOG_v=3
 DEFAULT_STAGE="not heavy and not slow and (not e2e or smoke)"
 REST_STAGE="not heavy and not slow and e2e and not smoke"
 HEAVY_STAGE="heavy"
+LONG_STAGE="slow or heavy"
 
 stage=default
-if [[ ${1:-} == --rest || ${1:-} == --heavy ]]; then
+if [[ ${1:-} == --rest || ${1:-} == --heavy || ${1:-} == --long ]]; then
     stage=${1#--}
     shift
 fi
@@ -36,10 +37,14 @@ for arg in "$@"; do
     esac
 done
 
-if [[ $stage == rest || $stage == heavy ]]; then
+if [[ $stage == rest || $stage == heavy || $stage == long ]]; then
     bash scripts/setup_env.sh --with-system-tools   # Chromium (test_views.py), systemd (test_deploy.py)
     bash scripts/setup_mindformers.sh          # .venv-mindformers, for the MindFormers recipe and Checkpoint 2.0
-    if [[ $stage == rest ]]; then $selects || set -- -m "$REST_STAGE" "$@"; else set -- -m "$HEAVY_STAGE" "$@"; fi
+    case $stage in
+        rest) $selects || set -- -m "$REST_STAGE" "$@" ;;
+        heavy) set -- -m "$HEAVY_STAGE" "$@" ;;
+        long) set -- -m "$LONG_STAGE" "$@" ;;
+    esac
 else
     bash scripts/setup_env.sh
     if [[ $# -eq 0 ]] || ! $selects; then

@@ -185,7 +185,7 @@ def backfill(argv: Sequence[str]) -> int:
         p.error("--worker-index, --plan and --merge belong to a fleet: give --fleet-dir")
     if not args.fleet_dir and args.suite and len(args.suite) > 1:
         p.error("give one --suite (several only with --fleet-dir)")
-    if args.fleet_dir and not args.suite:
+    if args.fleet_dir and not args.suite and not args.merge:   # a merge takes the suites of the fleet's plan
         p.error("a fleet backfills suites: give --suite")
     span = None
     if args.steps:

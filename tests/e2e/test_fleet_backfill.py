@@ -23,7 +23,7 @@ from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
 from tests.harness import PYTHON, REPO, Proc, base_env, raw_scalar_steps, run_dir, wait_for
 
-pytestmark = pytest.mark.heavy  # minutes of several processes: ./scripts/test.sh --heavy, not in CI's budget
+pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
 STEPS = list(range(10, 90, 10))            # 8 checkpoints
 TAG = "eval/mc/stdlib_next_line/acc"

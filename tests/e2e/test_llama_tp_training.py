@@ -31,7 +31,7 @@ from tests import faults
 from tests.e2e.test_tensor_parallel_group import in_process_loss
 from tests.harness import REPO, base_env, run_dir, scalar_points
 
-pytestmark = pytest.mark.heavy  # minutes of several processes: ./scripts/test.sh --heavy, not in CI's budget
+pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
 TRAIN = REPO / "examples" / "llama_tp" / "train.py"
 STEPS, EVERY, WORKERS = 6, 3, 4

@@ -22,7 +22,7 @@ from evald.files.slices import tp_region
 from tests import faults
 from tests.harness import run_dir, scalar_points
 
-pytestmark = pytest.mark.heavy  # minutes of several processes: ./scripts/test.sh --heavy, not in CI's budget
+pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
 GROUP_TIMEOUT_S = 900
 MODEL = {"vocab": 256, "hidden": 64, "layers": 2, "heads": 4, "ffn": 128, "seq_len": 64}

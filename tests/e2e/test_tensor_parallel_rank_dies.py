@@ -15,7 +15,7 @@ from tests.e2e.test_eval_group import _rank_process
 from tests.e2e.test_tensor_parallel_group import FACTORIES, _whole_weights, _write_tp_parts
 from tests.harness import raw_scalar_steps, run_dir, wait_for
 
-pytestmark = pytest.mark.heavy  # minutes of several processes: ./scripts/test.sh --heavy, not in CI's budget
+pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
 GROUP_TIMEOUT_S = 900
 

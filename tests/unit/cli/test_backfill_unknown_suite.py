@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
+import pytest
+
 from evald.cli.commands import run as command
 from evald.daemon import suite_turn
 from evald.daemon.locks import Lock
@@ -76,3 +78,18 @@ def test_a_request_before_any_evald_built_suites_is_recorded_for_the_next_evald(
     has, so the request is kept (that evald drops it, logged, if it has no such suite)."""
     run_dir = _run(tmp_path, suites=())
     assert command("backfill", ["--run-dir", str(run_dir), "--ckpt-dir", str(tmp_path), "--suite", "later"]) == 0
+
+
+def test_a_fleet_merge_needs_no_suite_and_a_fleet_worker_does(tmp_path, capsys):
+    """The Slurm recipe's merge step (deploy/fleet/backfill_array.sbatch merge) gives no --suite: the fleet
+    directory's plan names them. Since --suite became optional (the validation's backfill), the merge was
+    refused ('a fleet backfills suites: give --suite', exit 2) and the fleet e2e tests failed."""
+    run_dir = _run(tmp_path)
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    code = command("backfill", ["--run-dir", str(run_dir), "--ckpt-dir", str(tmp_path), "--fleet-dir", str(fleet),
+                                "--merge"])
+    assert code == 0 and "0 cell(s) taken in" in capsys.readouterr().out   # an empty fleet: nothing to take in
+    with pytest.raises(SystemExit) as refused:   # argparse's error: usage and the reason, exit 2
+        command("backfill", ["--run-dir", str(run_dir), "--ckpt-dir", str(tmp_path), "--fleet-dir", str(fleet)])
+    assert refused.value.code == 2 and "give --suite" in capsys.readouterr().err
