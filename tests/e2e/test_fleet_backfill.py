@@ -22,6 +22,7 @@ import pytest
 from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
 from tests.harness import PYTHON, REPO, Proc, base_env, raw_scalar_steps, run_dir, wait_for
+from tests.tensorboard_http import TensorBoard
 
 pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
@@ -122,6 +123,16 @@ def test_three_workers_a_sigkill_and_a_rerun_give_every_cell_once(fleet_run):
     run = run_dir(ckpt)
     assert raw_scalar_steps(run, TAG) == STEPS                                  # one point per step, at its step
     assert len(list((run / "samples" / "mc" / "stdlib_next_line").glob("step_*.jsonl.gz"))) == 8
+    # ... and every one of them where a user looks: stock TensorBoard, default flags, which drops points
+    # written below a run's latest step (the merge takes cells in the order workers finished them)
+    tensorboard = TensorBoard(run.parent, ckpt.parent / "tensorboard.log")
+    try:
+        shown = tensorboard.until(lambda: [step for step, _ in tensorboard.scalars(f"{run.name}/eval",
+                                                                                   TAG.removeprefix("eval/"))],
+                                  lambda got: got == STEPS)
+    finally:
+        tensorboard.close()
+    assert shown == STEPS, shown
 
     # each snapshot read once per worker process that had cells on it, and only in its own share
     plan = json.loads((fleet / "plan.json").read_text())["body"]["snapshots"]
