@@ -1,6 +1,6 @@
 """A backfill fleet's throughput: cells per minute with 1, 2 and 3 workers, and snapshot loads per cell.
 
-    .venv/bin/python -m bench.fleet [--checkpoints 8] [--workers 1 2 3] [--limit 16]
+    .venv/bin/python -m bench.fleet [--checkpoints 8] [--workers 1 2 3] [--limit 16] [--pin]
 
 One run of checkpoints (the demo GPT; RUN.json names its factories) is validated once by a real
 evald without the suite; then, for each worker count, a fresh fleet directory and that many
@@ -9,7 +9,9 @@ engine would give each its own device), the wall time from their start to the la
 (start-up, network and suite build, every cell), the cells they wrote, and the snapshot loads their
 journals count; from the journals, each worker's build time (start to its first snapshot load: the
 network and the suite compiled) and each cell's time (load and score). The machine's load average is printed with each arm: on a shared 2-core machine,
-more workers than free cores cannot go faster.
+more workers than free cores cannot go faster. ``--pin`` gives worker i core i alone (mod the cores), as a
+device of its own would be on a cluster: one worker then runs on one core, not on both, so the arms compare
+workers that do not share their compute.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ for step in range(1, {checkpoints} + 1):
     return root / "ckpt", config
 
 
-def run_fleet(root: Path, ckpt: Path, config: Path, workers: int) -> dict:
+def run_fleet(root: Path, ckpt: Path, config: Path, workers: int, pin: bool = False) -> dict:
     from evald.daemon.fleet_cells import cell_files, journal_events
 
     fleet = root / f"fleet-{workers}"
@@ -77,7 +79,8 @@ def run_fleet(root: Path, ckpt: Path, config: Path, workers: int) -> dict:
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "evald", "backfill", "--suite", "mc", "--ckpt-dir", str(ckpt), "--fleet-dir",
              str(fleet), "--config", str(config), "--worker-index", str(index), "--worker-count", str(workers)],
-            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT))
+            env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            preexec_fn=_on_core(index) if pin else None))   # before MindSpore starts its threads
     codes = [p.wait(timeout=3600) for p in procs]
     wall = time.monotonic() - started
     if any(codes):
@@ -99,20 +102,26 @@ def run_fleet(root: Path, ckpt: Path, config: Path, workers: int) -> dict:
             "load_average_before": round(load_before, 1), "load_average_after": round(os.getloadavg()[0], 1)}
 
 
+def _on_core(index: int):
+    cores = sorted(os.sched_getaffinity(0))
+    return lambda: os.sched_setaffinity(0, {cores[index % len(cores)]})
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.split("\n\n")[0])
     p.add_argument("--checkpoints", type=int, default=8)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--limit", type=int, default=16, help="documents of the suite's task per cell")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--pin", action="store_true", help="worker i on core i alone: a device of its own")
     args = p.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="evald-bench-fleet-"))
-    print(f"# {args.checkpoints} checkpoints, suite mc ({args.limit} documents), in {root}; cores: {os.cpu_count()}",
-          flush=True)
+    print(f"# {args.checkpoints} checkpoints, suite mc ({args.limit} documents), in {root}; cores: {os.cpu_count()}"
+          f"{'; each worker pinned to a core of its own' if args.pin else ''}", flush=True)
     ckpt, config = make_run(root, args.checkpoints, args.limit)
     rows = []
     for workers in args.workers:
-        rows.append(run_fleet(root, ckpt, config, workers))
+        rows.append(run_fleet(root, ckpt, config, workers, args.pin))
         print(json.dumps(rows[-1]), flush=True)
     base = rows[0]["cells_per_min"]
     for row in rows:
