@@ -184,12 +184,13 @@ class SuiteMonitor:
         parsed = parse_suite_monitor(self.decisions.monitor)
         return parsed is not None and parsed.suite == suite
 
-    def monitored_samples(self, result: SuiteResult, where: Path) -> StepSamples | None:
+    def monitored_samples(self, result: SuiteResult, written: Mapping[str, Path]) -> StepSamples | None:
         """The monitored task's per-sample values in ``result`` (a cell of the monitored suite), as the
-        file at ``where`` holds them; None when the result has no such task."""
+        file ``written[task]`` holds them; None when the result has no such task."""
         parsed = parse_suite_monitor(self.decisions.monitor)
         task = result.tasks.get(parsed.task) if parsed is not None else None
-        if task is None:
+        where = written.get(parsed.task) if parsed is not None else None
+        if task is None or where is None:
             return None
         try:
             return StepSamples(result.identity_sha256[:12], samples_of(task.samples, where))
@@ -258,10 +259,7 @@ def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path,
                                                   f"{result.identity['lm_eval']}"}
         kv = None
         if monitor is not None and monitor.wants(name):
-            target = parse_suite_monitor(monitor.decisions.monitor)
-            where = written.get(target.task) if target is not None else None
-            this_step = monitor.monitored_samples(result, where) if where is not None else None
-            decided, kv = monitor.observe(run_dir, cell.step, scalars, this_step)
+            decided, kv = monitor.observe(run_dir, cell.step, scalars, monitor.monitored_samples(result, written))
             texts.update(decided)
         _suite_layout_if_new(ledger, cell.step, {f"eval/{k}": v for k, v in scalars.items()}, row.commit_time or now)
         record = Record("eval", cell.step, row.commit_time or now, {**scalars, **bookkeeping}, texts)

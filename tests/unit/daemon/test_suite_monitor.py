@@ -79,7 +79,7 @@ def test_the_step_just_evaluated_is_paired_from_memory_and_gives_what_its_file_g
         monitor.observe(tmp_path, 10, _cell(tmp_path, 10, 100))
     scalars = _cell(tmp_path, 20, 110)
     [written] = [f.samples for f in list_samples(tmp_path, suite="fast", task="mc") if f.step == 20]
-    this_step = by_memory.monitored_samples(result_of(110), written)
+    this_step = by_memory.monitored_samples(result_of(110), {"mc": written})
     assert this_step is not None and this_step.samples.file is None
     by_disk.observe(tmp_path, 20, scalars)
     by_memory.observe(tmp_path, 20, scalars, this_step)
