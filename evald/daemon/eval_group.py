@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -165,6 +166,23 @@ def _rank0_code(path: Path) -> int | None:
         return None
 
 
+@dataclass(frozen=True)
+class WorkerProcess:
+    """A process under msrun that has a worker's command line and environment."""
+    pid: int
+    parent: int
+    rank: int
+
+
+def eval_ranks(found: Sequence[WorkerProcess]) -> dict[int, tuple[int, int]]:
+    """pid -> (rank, pid) of the eval ranks among ``found``: those whose parent is not one of them. A rank's
+    own child is not a rank: MindSpore runs ``sh -c "cat /proc/cpuinfo ..."``, and between fork and exec the
+    child has its parent's command line and environment; counted as a rank, its end named the wrong rank
+    (rank 0) as the first that ended."""
+    pids = {process.pid for process in found}
+    return {process.pid: (process.rank, process.pid) for process in found if process.parent not in pids}
+
+
 def first_gone(seen: dict[int, tuple[int, int]], alive: dict[int, tuple[int, int]],
                already: tuple[int, int] | None) -> tuple[int, int] | None:
     """The (rank, pid) of the first eval rank that ended: ``already`` if known, else the lowest rank among
@@ -228,13 +246,13 @@ class _Forwarder:
             return rc
 
     def _watch_ranks(self) -> None:
-        alive: dict[int, tuple[int, int]] = {}
+        found = []
         for process in self._workers():
             try:
-                rank = int(process.environ().get("RANK_ID", ""))
+                found.append(WorkerProcess(process.pid, process.ppid(), int(process.environ().get("RANK_ID", ""))))
             except Exception:
                 continue
-            alive[process.pid] = (rank, process.pid)
+        alive = eval_ranks(found)
         self.first_gone = first_gone(self.ranks_seen, alive, self.first_gone)
         self.ranks_seen.update(alive)
 

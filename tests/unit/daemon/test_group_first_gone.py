@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from evald.daemon.eval_group import first_gone
+from evald.daemon.eval_group import WorkerProcess, eval_ranks, first_gone
 
 
 def test_the_first_rank_seen_gone_is_named_and_kept():
@@ -12,3 +12,13 @@ def test_the_first_rank_seen_gone_is_named_and_kept():
     assert first == (1, 102)
     assert first_gone(seen, {}, first) == (1, 102)          # msrun then ends the others: still rank 1
     assert first_gone({}, {}, None) is None
+
+
+def test_a_ranks_own_child_is_not_a_rank_and_its_end_names_nobody():
+    """A fork of rank 0 (MindSpore's ``sh -c``, before its exec) has rank 0's command line and environment.
+    CI once named rank 0 as the first to end after rank 1 was killed; rank 0 ran 40 s longer."""
+    rank_0, rank_1, fork_of_0 = WorkerProcess(101, 50, 0), WorkerProcess(102, 50, 1), WorkerProcess(201, 101, 0)
+    seen = eval_ranks([rank_0, rank_1, fork_of_0])
+    assert seen == {101: (0, 101), 102: (1, 102)}
+    assert first_gone(seen, eval_ranks([rank_0, rank_1]), None) is None   # the fork exec'd or ended
+    assert first_gone(seen, eval_ranks([rank_0, fork_of_0]), None) == (1, 102)
