@@ -27,7 +27,7 @@ from evald.files.parts import Assembled, PartGroups, Unusable
 from evald.files.recognise import (FOREIGN_SUFFIXES, MAX_STEP, PART, PARTS, PREFERENCE, Found, Pending, Rejected,
                                    recognise, step_from_name)
 from evald.intake.lag_policy import admit
-from evald.ledger.ledger import DELETED, DUPLICATE, QUEUED, REJECTED, Ledger
+from evald.ledger.ledger import ADMITTED, DELETED, DUPLICATE, QUEUED, REJECTED, REPLACED, Ledger
 
 log = logging.getLogger("evald.intake.intake")
 
@@ -233,29 +233,26 @@ class Intake:
         log.error("step %d not evaluated: %s (%s)", step, unusable.reason, ", ".join(members))
 
     def _admit(self, found: Found, found_via: str, members: tuple[str, ...] = ()) -> None:
-        existing = self.ledger.step(found.step)
-        if existing is None:
-            steps = sorted({*self.ledger.step_numbers(), found.step})
-            reason = admit(self.config.lag_policy, self.config.effective_every_k, steps.index(found.step),
-                           found.step, final_step=self.final_step)
-            self.ledger.admit(name=found.name, step=found.step, kind=found.kind, found_via=found_via,
-                              run_id=found.run_id, commit_time=found.commit_time, skip_reason=reason, also=members)
+        def skip_reason(steps: list[int]) -> str | None:
+            return admit(self.config.lag_policy, self.config.effective_every_k, steps.index(found.step),
+                         found.step, final_step=self.final_step)
+
+        taken = self.ledger.take_found(
+            name=found.name, step=found.step, kind=found.kind, found_via=found_via, run_id=found.run_id,
+            commit_time=found.commit_time, skip_reason_among=skip_reason, also=members,
+            replaces=lambda existing: found.preference < PREFERENCE.get(existing.kind, 99))
+        if taken.outcome == ADMITTED:
+            reason = taken.skip_reason
             self.newest_step = max(self.newest_step, found.step)
             log.info("found step %d in %s via %s (first)%s", found.step, found.name, found_via,
                      f"; skipped: {reason}" if reason else "",
                      extra={"step": found.step, "key": found.name, "found_via": found_via,
                             "state": "skipped" if reason else QUEUED, "reason": reason})
-            return
-        if existing.state == QUEUED and found.preference < PREFERENCE.get(existing.kind, 99):
-            self.ledger.replace_source(found.step, name=found.name, kind=found.kind, run_id=found.run_id,
-                                       commit_time=found.commit_time,
-                                       old_reason=f"step {found.step} is read from {found.name} instead", also=members)
-            log.info("step %d will be read from %s rather than %s", found.step, found.name, existing.source)
-            return
-        reason = (f"step {found.step} is read from {existing.source} ({existing.state}); one step gets one "
-                  f"evaluation")
-        self.ledger.note_file(found.name, found.step, DUPLICATE, reason, also=members)
-        log.info("ignored %s: %s", found.name, reason)
+        elif taken.outcome == REPLACED:
+            assert taken.existing is not None
+            log.info("step %d will be read from %s rather than %s", found.step, found.name, taken.existing.source)
+        else:
+            log.info("ignored %s: %s", found.name, taken.reason)
 
 
 def _ledger_key(name: str) -> str:

@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from evald.ledger.disk_full import DiskWait
 from evald.ledger.schema import (  # noqa: F401 - the row types and states are the ledger's interface
-    SCHEMA, STEP_COLUMNS, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED,
-    SCHEMA_VERSION, SKIPPED, USED, Record, Step, step_from_row, CELL_COLUMNS, SUITE_PREFIX, SUPERSEDED_TAG,
+    SCHEMA, STEP_COLUMNS, ADMITTED, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED, REPLACED,
+    SCHEMA_VERSION, SKIPPED, USED, Record, Step, Taken, step_from_row, CELL_COLUMNS, SUITE_PREFIX, SUPERSEDED_TAG,
     VALIDATION, Cell, cell_from_row)
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
@@ -117,46 +117,80 @@ class Ledger:
     def admit(self, *, name: str, step: int, kind: str, found_via: str, run_id: str | None,
               commit_time: float | None, skip_reason: str | None = None, also: Sequence[str] = ()) -> None:
         """A new step read from file ``name`` (and the parts ``also``): queued, or skipped with ``skip_reason``."""
-        now = time.time()
         with self._transaction() as db:
-            for entry in (name, *also):
-                db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)", (entry, step, USED, now))
-            db.execute("INSERT INTO steps(step, state, source, kind, run_id, commit_time, found_via, reason,"
-                       " admitted_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                       (step, SKIPPED if skip_reason else QUEUED, name, kind, run_id, commit_time, found_via,
-                        skip_reason, now, now if skip_reason else None))
-            if skip_reason:
-                self._outbox(db, _skip_record(db, step, skip_reason, now, commit_time or now))
+            self._insert_step(db, name=name, step=step, kind=kind, found_via=found_via, run_id=run_id,
+                              commit_time=commit_time, skip_reason=skip_reason, also=also)
 
     @durable
-    def replace_source(self, step: int, *, name: str, kind: str, run_id: str | None,
-                       commit_time: float | None, old_reason: str, also: Sequence[str] = ()) -> None:
-        """A queued step is read from the better file ``name``; its old file becomes a duplicate."""
+    def take_found(self, *, name: str, step: int, kind: str, found_via: str, run_id: str | None,
+                   commit_time: float | None, skip_reason_among: Callable[[list[int]], str | None],
+                   replaces: Callable[[Step], bool], also: Sequence[str] = ()) -> Taken:
+        """A file ``name`` (and the parts ``also``) that carries ``step``, judged and recorded in one
+        transaction, so that nothing changes the step between the look and the write:
+        a new step is admitted, queued or skipped with the reason ``skip_reason_among`` gives from every
+        step number of the run (``step`` included); a queued step whose file this one ``replaces`` is read
+        from this one instead; otherwise the file is a duplicate of the step's file."""
         with self._transaction() as db:
-            (old,) = db.execute("SELECT source FROM steps WHERE step=? AND state=?", (step, QUEUED)).fetchone()
-            db.execute("UPDATE files SET status=?, reason=? WHERE name=?", (DUPLICATE, old_reason, old))
-            for entry in (name, *also):
-                db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)",
-                           (entry, step, USED, time.time()))
-            db.execute("UPDATE steps SET source=?, kind=?, run_id=?, commit_time=? WHERE step=?",
-                       (name, kind, run_id, commit_time, step))
+            row = db.execute(f"SELECT {STEP_COLUMNS} FROM steps WHERE step=?", (step,)).fetchone()
+            if row is None:
+                steps = sorted({s for (s,) in db.execute("SELECT step FROM steps")} | {step})
+                reason = skip_reason_among(steps)
+                self._insert_step(db, name=name, step=step, kind=kind, found_via=found_via, run_id=run_id,
+                                  commit_time=commit_time, skip_reason=reason, also=also)
+                return Taken(ADMITTED, skip_reason=reason)
+            existing = step_from_row(row)
+            if existing.state == QUEUED and replaces(existing):
+                self._replace_source(db, step, name=name, kind=kind, run_id=run_id, commit_time=commit_time,
+                                     old_reason=f"step {step} is read from {name} instead", also=also)
+                return Taken(REPLACED, existing=existing)
+            reason = f"step {step} is read from {existing.source} ({existing.state}); one step gets one evaluation"
+            self._note_file(db, name, step, DUPLICATE, reason, also=also)
+            return Taken(DUPLICATE, existing=existing, reason=reason)
+
+    def _insert_step(self, db: sqlite3.Connection, *, name: str, step: int, kind: str, found_via: str,
+                     run_id: str | None, commit_time: float | None, skip_reason: str | None,
+                     also: Sequence[str]) -> None:
+        now = time.time()
+        for entry in (name, *also):
+            db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)", (entry, step, USED, now))
+        db.execute("INSERT INTO steps(step, state, source, kind, run_id, commit_time, found_via, reason,"
+                   " admitted_at, finished_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                   (step, SKIPPED if skip_reason else QUEUED, name, kind, run_id, commit_time, found_via,
+                    skip_reason, now, now if skip_reason else None))
+        if skip_reason:
+            self._outbox(db, _skip_record(db, step, skip_reason, now, commit_time or now))
+
+    @staticmethod
+    def _replace_source(db: sqlite3.Connection, step: int, *, name: str, kind: str, run_id: str | None,
+                        commit_time: float | None, old_reason: str, also: Sequence[str]) -> None:
+        (old,) = db.execute("SELECT source FROM steps WHERE step=? AND state=?", (step, QUEUED)).fetchone()
+        db.execute("UPDATE files SET status=?, reason=? WHERE name=?", (DUPLICATE, old_reason, old))
+        for entry in (name, *also):
+            db.execute("INSERT INTO files(name, step, status, found_at) VALUES (?,?,?,?)",
+                       (entry, step, USED, time.time()))
+        db.execute("UPDATE steps SET source=?, kind=?, run_id=?, commit_time=? WHERE step=?",
+                   (name, kind, run_id, commit_time, step))
 
     @durable
     def note_file(self, name: str, step: int | None, status: str, reason: str,
                   fail_step: bool = False, fail_state: str = FAILED, also: Sequence[str] = ()) -> None:
         """A file (and the parts ``also``) that is a duplicate or rejected; with ``fail_step``, its step
         (if new) ends ``fail_state``."""
-        now = time.time()
         with self._transaction() as db:
-            for entry in (name, *also):
-                db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
-                           (entry, step, status, reason, now))
-            if fail_step and step is not None and not db.execute(
-                    "SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
-                db.execute("INSERT INTO steps(step, state, source, kind, found_via, reason, admitted_at,"
-                           " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, fail_state, name, "unknown", "scan",
-                                                                       reason, now, now))
-                self._outbox(db, _skip_record(db, step, skip_text_for(fail_state, name, reason), now))
+            self._note_file(db, name, step, status, reason, fail_step=fail_step, fail_state=fail_state, also=also)
+
+    def _note_file(self, db: sqlite3.Connection, name: str, step: int | None, status: str, reason: str,
+                   fail_step: bool = False, fail_state: str = FAILED, also: Sequence[str] = ()) -> None:
+        now = time.time()
+        for entry in (name, *also):
+            db.execute("INSERT OR REPLACE INTO files(name, step, status, reason, found_at) VALUES (?,?,?,?,?)",
+                       (entry, step, status, reason, now))
+        if fail_step and step is not None and not db.execute(
+                "SELECT 1 FROM steps WHERE step=?", (step,)).fetchone():
+            db.execute("INSERT INTO steps(step, state, source, kind, found_via, reason, admitted_at,"
+                       " finished_at) VALUES (?,?,?,?,?,?,?,?)", (step, fail_state, name, "unknown", "scan",
+                                                                   reason, now, now))
+            self._outbox(db, _skip_record(db, step, skip_text_for(fail_state, name, reason), now))
 
     @durable
     def start(self, step: int, skips: Sequence[tuple[int, str]] = ()) -> None:

@@ -10,6 +10,7 @@ QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED = (
     "queued", "evaluating", "evaluated", "skipped", "failed", "deleted")
 FINAL_STATES = (EVALUATED, SKIPPED, FAILED, DELETED)
 USED, DUPLICATE, REJECTED = "used", "duplicate", "rejected"
+ADMITTED, REPLACED = "admitted", "replaced"   # what Ledger.take_found did with a file (or DUPLICATE)
 SCHEMA_VERSION = 3  # 3: steps.identity and the cells table (evaluation identities)
 
 SCHEMA = """
@@ -51,6 +52,15 @@ class Step:
     reason: str | None
     attempts: int
     metrics: dict[str, float] | None
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What Ledger.take_found did with a file that carries a step."""
+    outcome: str                       # ADMITTED, REPLACED or DUPLICATE
+    skip_reason: str | None = None     # ADMITTED as skipped by the lag policy, and why
+    existing: Step | None = None       # the step's row before (REPLACED, DUPLICATE)
+    reason: str | None = None          # DUPLICATE: why the file is not read
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from evald.ledger.ledger import (DUPLICATE, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, USED, Ledger,
+from evald.ledger.ledger import (ADMITTED, DUPLICATE, REPLACED, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, USED, Ledger,
                           Record)
 
 
@@ -37,12 +37,37 @@ def test_admission_creates_the_step_and_its_file_at_once(ledger):
     assert ledger.file_status("other-1_10.ckpt") is None  # ... and nothing of it was written
 
 
+def _take(ledger, step, name, kind="evald", preferred=True, skip=None):
+    return ledger.take_found(name=name, step=step, kind=kind, found_via="scan", run_id="r", commit_time=1.0,
+                             skip_reason_among=lambda steps: skip(steps) if skip else None,
+                             replaces=lambda existing: preferred)
+
+
 def test_a_better_file_replaces_a_queued_steps_source(ledger):
     admit(ledger, 10, name="run-1_10.ckpt", kind="foreign")
-    ledger.replace_source(10, name="step_000000010", kind="evald", run_id="r", commit_time=1.0,
-                          old_reason="read from step_000000010 instead")
+    taken = _take(ledger, 10, "step_000000010")
+    assert taken.outcome == REPLACED and taken.existing.source == "run-1_10.ckpt"
     assert ledger.step(10).source == "step_000000010" and ledger.step(10).kind == "evald"
     assert dict((n, st) for n, _, st, _ in ledger.files()) == {"run-1_10.ckpt": DUPLICATE, "step_000000010": USED}
+
+
+def test_a_found_file_is_judged_and_recorded_in_one_transaction(ledger):
+    """Admitted (the lag policy sees every step number, the new one included), a duplicate when the step's
+    file is kept, and nothing written when the judgement raises."""
+    admit(ledger, 10)
+    seen = []
+    taken = _take(ledger, 30, "step_000000030", skip=lambda steps: seen.append(steps) or "superseded")
+    assert seen == [[10, 30]] and taken.outcome == ADMITTED and taken.skip_reason == "superseded"
+    assert ledger.step(30).state == SKIPPED
+    taken = _take(ledger, 10, "run-1_10.ckpt", kind="foreign", preferred=False)
+    assert taken.outcome == DUPLICATE and ledger.file_status("run-1_10.ckpt") == DUPLICATE
+    assert "step 10 is read from step_000000010 (queued)" in taken.reason
+
+    def broken(steps):
+        raise RuntimeError("policy bug")
+    with pytest.raises(RuntimeError):
+        _take(ledger, 40, "step_000000040", skip=broken)
+    assert ledger.step(40) is None and ledger.file_status("step_000000040") is None
 
 
 def test_a_rejected_file_fails_its_new_step_with_a_record_but_never_an_existing_one(ledger):
