@@ -12,7 +12,7 @@ from typing import Sequence
 
 from evald.config import ConfigError, option_fields, toml_layer
 from evald.config.schema import coerce
-from evald.daemon.run_dir import LEDGER_FILE, RunDirError, default_logdir, find_run, locate, runs_in
+from evald.daemon.run_dir import LEDGER_FILE, RunDirError, default_logdir, find_run, locate, resolved_ckpt_dir, runs_in
 
 
 def run(name: str, argv: Sequence[str]) -> int:
@@ -54,6 +54,7 @@ def _from_here(here: Path) -> Path | None:
     """The run the current directory is, serves, or holds alone; None when it is none of these."""
     if (here / LEDGER_FILE).exists():
         return here
+    here = resolved_ckpt_dir(here)
     served = find_run(here, default_logdir(here))
     if served is not None:
         return served.path

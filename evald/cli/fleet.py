@@ -159,9 +159,9 @@ def _worker_config(toml: str | None, ckpt_dir: Path):
     except ConfigError as exc:
         print(f"evald backfill: error in evald's configuration: {exc}", file=sys.stderr)
         return None
-    from evald.daemon.run_dir import default_logdir
+    from evald.daemon.run_dir import default_logdir, resolved_ckpt_dir
 
-    base = Path(resolved.config.logdir) if resolved.config.logdir else default_logdir(ckpt_dir)
+    base = Path(resolved.config.logdir) if resolved.config.logdir else default_logdir(resolved_ckpt_dir(ckpt_dir))
     os.environ.setdefault("LOG_MF_PATH", str(base.resolve() / "mindformers-log"))  # as evald: not in the cwd
     logs.configure(resolved.config.log_level, resolved.config.log_format)
     return resolved.config

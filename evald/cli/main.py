@@ -180,12 +180,12 @@ def keep_framework_logs_out_of_cwd(config, environ=os.environ) -> None:
     if environ.get("LOG_MF_PATH"):
         return
     from evald.contracts.wire import default_socket_dir
-    from evald.daemon.run_dir import default_logdir
+    from evald.daemon.run_dir import default_logdir, resolved_ckpt_dir
 
     if config.logdir:
         base = Path(config.logdir)
     elif config.ckpt_dir:
-        base = default_logdir(Path(config.ckpt_dir))
+        base = default_logdir(resolved_ckpt_dir(config.ckpt_dir))
     else:
         base = default_socket_dir()
     environ["LOG_MF_PATH"] = str(base.resolve() / "mindformers-log")

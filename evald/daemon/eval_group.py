@@ -55,15 +55,16 @@ def main(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
 
 def log_dir_of(resolved: ResolvedConfig) -> Path:
     """msrun's logs: group.log_dir, else LOGDIR/msrun-RUN_NAME beside the run's TensorBoard directory."""
-    from evald.daemon.run_dir import default_logdir, default_run_name
+    from evald.daemon.run_dir import default_logdir, default_run_name, resolved_ckpt_dir
 
     config = resolved.config
     if config.group.log_dir:
         return Path(config.group.log_dir)
     if not config.ckpt_dir and not config.logdir:
         return Path("evald-msrun")
-    logdir = Path(config.logdir) if config.logdir else default_logdir(Path(config.ckpt_dir))
-    name = config.run_name or (default_run_name(Path(config.ckpt_dir)) if config.ckpt_dir else "evald")
+    ckpt_dir = resolved_ckpt_dir(config.ckpt_dir) if config.ckpt_dir else None
+    logdir = Path(config.logdir) if config.logdir else default_logdir(ckpt_dir)  # type: ignore[arg-type]
+    name = config.run_name or (default_run_name(ckpt_dir) if ckpt_dir else "evald")
     return logdir / f"msrun-{name}"
 
 

@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-from evald.contracts.outside_paths import resolve
 from evald.contracts.wire import SocketDirError, ensure_private_dir
 
 
@@ -70,6 +69,7 @@ def endpoint_lock_path(endpoint: str, socket_dir: Path) -> Path:
 
 
 def directory_lock_path(ckpt_dir: Path, socket_dir: Path) -> Path:
-    """One lock per checkpoint directory per host and user, whatever log directory evald uses."""
-    digest = hashlib.sha256(str(resolve(ckpt_dir, "the checkpoint directory")).encode()).hexdigest()[:20]
+    """One lock per checkpoint directory (resolved: the server's attach resolves it once) per host and user,
+    whatever log directory evald uses."""
+    digest = hashlib.sha256(str(ckpt_dir).encode()).hexdigest()[:20]
     return socket_dir / f"serving-{digest}.lock"

@@ -88,8 +88,8 @@ class EventRouter:
         name = entry_name(self.ckpt_dir, path)
         if name is None:
             return False
-        if name == layout.RUN_FILE:
-            return self.read_announcement()
+        if name == layout.RUN_FILE:  # each rescan sees it again: read it only when it changed since the last read
+            return self._run_file_changed() and self.read_announcement()
         if name == layout.RUN_END_FILE:
             return self.read_run_end()
         return self.intake.found(name, found_via)
@@ -134,6 +134,7 @@ class EventRouter:
 
     def read_announcement(self) -> bool:
         """RUN.json (with what a trusted channel announced); True when it says something new."""
+        self._run_file_changed()  # what is read now is what "changed since" compares with
         announced = read_announcement(self.ckpt_dir, self._channel_announcement, self.channel, operator=self.operator)
         if announced is None:
             return False

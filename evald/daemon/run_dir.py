@@ -76,19 +76,26 @@ class RunDir:
 
 
 def default_logdir(ckpt_dir: Path) -> Path:
-    """Beside the checkpoint directory, never inside it: ``CKPT_DIR/../tensorboard`` (beside a
+    """``ckpt_dir`` resolved (resolved_ckpt_dir). Beside the checkpoint directory, never inside it: ``CKPT_DIR/../tensorboard`` (beside a
     MindFormers output directory for ``OUTPUT/checkpoint_network/rank_0``: not in its tree)."""
-    return mindformers_layout.output_dir_of(_resolved(ckpt_dir, "the checkpoint directory")).parent / DEFAULT_LOGDIR_NAME
+    return mindformers_layout.output_dir_of(ckpt_dir).parent / DEFAULT_LOGDIR_NAME
 
 
 def default_run_name(ckpt_dir: Path) -> str:
-    """The checkpoint directory's name, or its parent's when the name is generic (runs/exp1/ckpt: exp1)."""
-    path = mindformers_layout.output_dir_of(_resolved(ckpt_dir, "the checkpoint directory"))
+    """The checkpoint directory's name, or its parent's when the name is generic (runs/exp1/ckpt: exp1);
+    ``ckpt_dir`` resolved (resolved_ckpt_dir)."""
+    path = mindformers_layout.output_dir_of(ckpt_dir)
     name = path.name
     if name.lower() in GENERIC_NAMES and path.parent.name:
         name = path.parent.name
     name = re.sub(r"[^A-Za-z0-9._+=@,-]", "_", name).lstrip("._-+=@,")[:128]
     return name or "run"
+
+
+def resolved_ckpt_dir(path: Path | str) -> Path:
+    """The checkpoint directory as every function here takes it: resolved once, where it enters (the
+    server's attach, a command's options), so the functions below compare and name one path."""
+    return _resolved(path, "the checkpoint directory")
 
 
 def _resolved(path: Path | str, what: str) -> Path:
@@ -149,18 +156,16 @@ def runs_in(logdir: Path) -> list[RunDir]:
 
 
 def find_run(ckpt_dir: Path, logdir: Path) -> RunDir | None:
-    """The run of ``logdir`` that serves ``ckpt_dir``, if any (read-only)."""
-    ckpt_dir = _resolved(ckpt_dir, "the checkpoint directory")
+    """The run of ``logdir`` that serves ``ckpt_dir`` (resolved), if any (read-only)."""
     return next((run for run in runs_in(logdir) if run.ckpt_dir == ckpt_dir), None)
 
 
 def open_run(ckpt_dir: Path, logdir: Path | None, run_name: str | None) -> RunDir:
     """Find this checkpoint directory's run in the log directory, or claim a new one.
 
-    Raises RunDirError when ``run_name`` belongs to another checkpoint directory, or
-    when this checkpoint directory is already served under another name.
+    ``ckpt_dir`` is resolved (resolved_ckpt_dir). Raises RunDirError when ``run_name`` belongs to another
+    checkpoint directory, or when this checkpoint directory is already served under another name.
     """
-    ckpt_dir = _resolved(ckpt_dir, "the checkpoint directory")
     logdir = _resolved(logdir, "the log directory (--logdir)") if logdir else default_logdir(ckpt_dir)
     if logdir == ckpt_dir or ckpt_dir in logdir.parents:
         log.warning("the log directory %s is inside the checkpoint directory %s: evald writes there because it "
@@ -235,14 +240,15 @@ def locate(run_dir: Path | None, ckpt_dir: Path | None, logdir: Path | None, run
     if ckpt_dir is None and logdir is None:
         raise RunDirError("say which run: --ckpt-dir DIR (and --logdir if evald was given one), "
                           "or --run-dir LOGDIR/RUN_NAME")
-    logdir = Path(logdir) if logdir else default_logdir(Path(ckpt_dir))  # type: ignore[arg-type]
+    ckpt = resolved_ckpt_dir(ckpt_dir) if ckpt_dir is not None else None
+    logdir = Path(logdir) if logdir else default_logdir(ckpt)  # type: ignore[arg-type]
     if run_name:
         return logdir / run_name
-    if ckpt_dir is not None:
-        run = find_run(Path(ckpt_dir), logdir)
+    if ckpt is not None:
+        run = find_run(ckpt, logdir)
         if run is not None:
             return run.path
-        raise RunDirError(f"no run in {logdir} serves {_resolved(ckpt_dir, 'the checkpoint directory')}; has evald started on it? "
+        raise RunDirError(f"no run in {logdir} serves {ckpt}; has evald started on it? "
                           f"(give --logdir if evald was given one)")
     runs = runs_in(logdir)
     if len(runs) == 1:

@@ -132,8 +132,8 @@ def may_name_factories(message: RunAnnounced, channel: trust.Source) -> bool:
 
 
 class Changes:
-    """Whether a file changed (inode, mtime, size) since the last call: a flood of messages that name
-    another run re-reads nothing."""
+    """Whether a file changed (inode, mtime, size, and ctime: a chmod or chown changes whether it is
+    trusted) since the last call: a flood of messages that name another run, or a rescan, re-reads nothing."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -142,7 +142,7 @@ class Changes:
     def __call__(self) -> bool:
         try:
             info = os.lstat(self.path)
-            key: tuple | None = (info.st_ino, info.st_mtime_ns, info.st_size)
+            key: tuple | None = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_size)
         except OSError:
             key = None
         changed, self._key = key != self._key, key

@@ -82,20 +82,16 @@ def private_directory(directory: Path) -> str | None:
         return f"{directory} cannot be examined ({exc.strerror})"
     if not stat.S_ISDIR(info.st_mode):
         return f"{directory} is not a directory"
-    return _owned_and_closed(info, str(directory))
+    return why_untrusted(info, str(directory))   # the one rule for what names code (evald.files.ownership)
 
 
 def run_file(path: Path, info: os.stat_result) -> Source:
     """A RUN.json, judged on the ``stat`` of the file descriptor it was read from."""
-    why = _owned_and_closed(info, str(path))
+    why = why_untrusted(info, str(path))   # the one rule for whatever names code (evald.files.ownership)
     name = f"run announcement {path}"
     if why is None:
         return Source(name, True, f"owned by evald's uid {os.getuid()}, writable by no one else")
     return Source(name, False, why)
-
-
-def _owned_and_closed(info: os.stat_result, what: str) -> str | None:
-    return why_untrusted(info, what)   # the one rule for whatever names code (evald.files.ownership)
 
 
 REFUSAL_LOG_INTERVAL_S = 10.0
