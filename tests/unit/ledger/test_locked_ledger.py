@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -66,6 +67,34 @@ def test_a_ledger_locked_by_another_connection_is_waited_out_and_the_change_is_w
     assert ledger.get_state("held_by_the_other") == 1      # the other's change is kept too
     waiting = [line for line in said.lines if "locked" in line]
     assert waiting and str(path) in waiting[0] and "waits" in waiting[0]
+    assert any("carrying on" in line for line in said.lines)
+    ledger.close()
+
+
+def test_the_wait_is_logged_again_every_minute_while_the_lock_lasts(tmp_path, quick, said, monkeypatch):
+    """"every minute" is REMIND_S (60 s), shortened here: the lock outlasts two reminders, each saying how
+    long evald has waited, and the change is written once the lock goes."""
+    monkeypatch.setattr(disk_full, "REMIND_S", 0.3)
+    path = tmp_path / "ledger.sqlite"
+    ledger = Ledger(path)
+    release, held = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_exclusive, args=(path, release, held), daemon=True)
+    holder.start()
+    assert held.wait(timeout=30)
+    waiting = lambda: [line for line in list(said.lines) if "is locked by another process" in line]  # noqa: E731
+
+    def release_after_two_reminders() -> None:
+        deadline = time.monotonic() + 60
+        while len(waiting()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        release.set()
+
+    threading.Thread(target=release_after_two_reminders, daemon=True).start()
+    ledger.put_state("x", 1)
+    holder.join(timeout=30)
+    assert len(waiting()) >= 3, said.lines
+    assert "(waiting for" not in waiting()[0] and all("(waiting for" in line for line in waiting()[1:])
+    assert ledger.get_state("x") == 1
     assert any("carrying on" in line for line in said.lines)
     ledger.close()
 
