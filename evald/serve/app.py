@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -237,4 +238,12 @@ def build_app(ctx: Context) -> Starlette:
               Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
               Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
               Route("/tokenize", tokenize, methods=["POST"]), Route("/detokenize", detokenize, methods=["POST"])]
-    return Starlette(routes=routes)
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette's own 404 (no such route) and 405 (another method): JSON like every other error
+        assert isinstance(exc, HTTPException)
+        message = f"{request.method} {request.url.path[:80]}: {exc.detail}"
+        return JSONResponse(responses.error_body(exc.status_code, message), status_code=exc.status_code,
+                            headers=exc.headers)
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

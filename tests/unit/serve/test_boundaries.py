@@ -98,3 +98,14 @@ def test_health_is_ok_whenever_a_step_is_servable(rig):
         rig.swap(10)
         rig.runner.publish()
         assert client.get("/health").json()["evald"]["step"] == 10
+
+
+def test_an_unknown_route_or_method_gets_a_json_error(rig):
+    """Starlette's own 404 and 405 (no such route, a route that takes another method) are JSON errors too, as
+    docs/serving.md says every error is, not its plain-text "Not Found"."""
+    with httpx.Client(base_url=rig.url, timeout=60) as client:
+        answers = {404: client.post("/v1/embeddings", json={"input": "a"}), 405: client.get("/v1/completions")}
+    for status, answer in answers.items():
+        assert answer.status_code == status and answer.headers["content-type"] == "application/json", answer.text
+        assert answer.json()["error"]["code"] == status and answer.json()["error"]["message"], answer.text
+    assert answers[405].headers["allow"] == "POST"

@@ -22,11 +22,12 @@ from tests.unit.serve.rig import Loop, Rig, snapshot  # noqa: E402
 # Small limits keep every valid request cheap: the property is about the boundary, not throughput.
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, max_prompts=4, max_n=2, max_tokens=4,
                        max_body_bytes=16384, request_timeout_s=60)
-STATUSES = {200, 400, 401, 404, 408, 410, 413, 429, 500, 503}
+STATUSES = {200, 400, 401, 404, 405, 408, 410, 413, 429, 500, 503}
 FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "logprobs", "echo", "stream",
           "messages", "tokens", "max_completion_tokens"]
 ROUTES = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
-          ("POST", "/detokenize"), ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/tokenizer_info")]
+          ("POST", "/detokenize"), ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/tokenizer_info"),
+          ("GET", "/v1/completions"), ("POST", "/v1/embeddings")]   # another method, no such route: JSON too
 
 numbers = st.one_of(st.integers(min_value=-2 ** 70, max_value=2 ** 70), st.floats(allow_nan=False),
                     st.sampled_from([0, 1, -1, 5e-324, 1e-5, 2, 2 ** 63, 10 ** 30, 0.5, 1e308]))
