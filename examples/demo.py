@@ -35,10 +35,7 @@ def main() -> int:
     args = p.parse_args()
 
     out = (REPO / args.out).resolve()
-    if out.exists():  # a demo starts from scratch: say so, the user may have wanted to keep it
-        print(f"[demo] removing the previous demo run in {out} (use --out DIR to keep it)", flush=True)
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    fresh_output_dir(out)
     sockets = out / "sockets"
     env = dict(os.environ, GLOG_v="3", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1",
                EVALD_SOCKET_DIR=str(sockets),  # private endpoints for this demo
@@ -82,6 +79,15 @@ def main() -> int:
     print(f"[demo] view them with:  .venv/bin/tensorboard --logdir {logdir} --host 127.0.0.1")
     print(f"[demo] the run's state:  .venv/bin/evald status --ckpt-dir {ckpt}")
     return trainer.returncode or evald_rc
+
+
+def fresh_output_dir(out: Path) -> None:
+    """A demo starts from scratch: a previous run in ``out`` is removed, saying so (the user may have
+    wanted to keep it)."""
+    if out.exists():
+        print(f"[demo] removing the previous demo run in {out} (use --out DIR to keep it)", flush=True)
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
 
 
 def lag_reached(ledger_path: Path) -> str:

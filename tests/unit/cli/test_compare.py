@@ -150,3 +150,20 @@ def test_damaged_files_and_a_sidecar_that_disagrees_are_reported(tmp_path, capsy
     samples.write_bytes(b"\x1f\x8b broken")
     code, _, err = _compare(capsys, 100, 200, "--run-dir", run, "--task", "arc_easy")
     assert code == 2 and str(samples) in err
+
+
+def test_no_document_changed_shows_no_mde_in_the_report(tmp_path, capsys):
+    """Issue 26 item 9: with the same value on every document at both steps, the report printed
+    "MDE 0.0000"; it shows "-" with a note saying why, and the JSON has null."""
+    run = tmp_path / "same"
+    same = [0, 1, 1, 0, 1] * 10
+    for step in (100, 200):
+        write_task_samples(run, "fast", "arc_easy", step, IDENTITY, {"acc": same})
+    code, out, err = _compare(capsys, 100, 200, "--run-dir", run)
+    assert code == 0, err
+    header, row = [r for r in out.splitlines() if r.strip().startswith(("metric ", "acc "))]
+    assert row[header.index(" MDE "):].split()[0] == "-", out    # the table's columns are aligned
+    assert "no document's value changed" in out
+    code, out, err = _compare(capsys, 100, 200, "--run-dir", run, "--json")
+    [metric] = json.loads(out)["tasks"][0]["metrics"]
+    assert metric["mde"] is None and metric["se"] == 0
