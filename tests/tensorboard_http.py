@@ -47,6 +47,11 @@ class TensorBoard:
             [answer] = json.loads(response.read())
         return [(p["step"], p["value"]) for p in answer.get("runToSeries", {}).get(run, [])]
 
+    def custom_scalars(self, run: str, tag: str) -> list[tuple[int, float]]:
+        """The same through the Custom Scalars page's request (a chart's tag regex, here the tag alone)."""
+        answer = self.get("/data/plugin/custom_scalars/scalars", run=run, tag=f"^{re.escape(tag)}$")
+        return [(step, value) for _, step, value in answer.get("tag_to_events", {}).get(tag, [])]
+
     def tags(self, run: str) -> list[str]:
         return sorted(self.get("/data/plugin/scalars/tags").get(run, {}))
 

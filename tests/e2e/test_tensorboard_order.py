@@ -73,6 +73,7 @@ def test_a_live_tensorboard_shows_backfilled_re_evaluated_and_restarted_points(t
                                  lambda got: _close(got, points))
             assert _close(shown, points), (name, tag, shown)
             assert _close(server.time_series("run/eval", tag), points), (name, tag)
+            assert _close(server.custom_scalars("run/eval", tag), points), (name, tag)
     tensorboard.close()
     fresh.close()
 
