@@ -5,10 +5,11 @@ skipped ones. Real processes and files."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 
 from tests import faults
-from tests.harness import PYTHON, REPO, base_env
+from tests.harness import PYTHON, REPO, base_env, wait_for
 
 
 def evald_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -43,3 +44,25 @@ def test_a_skipped_step_is_evaluated_after_retry_and_after_backfill(tmp_path, pr
     assert filled.returncode == 0, filled.stdout[-3000:] + filled.stderr[-3000:]
     assert "50, 75" in filled.stdout
     assert _states(ckpt) == {25: "evaluated", 50: "evaluated", 75: "evaluated", 100: "evaluated"}
+
+
+def test_a_skipped_step_is_evaluated_by_the_running_evald_after_retry_and_backfill(tmp_path, procs):
+    """Issue 26 item 2, beside a running evald: what `retry --step` and `backfill` queue in the ledger is
+    evaluated by the evald that skipped it, without a restart."""
+    ckpt = tmp_path / "ckpt"
+    faults.announce(ckpt)
+    for step in (25, 50, 75, 100):
+        faults.commit(ckpt, step)
+    evald = faults.start(tmp_path, ckpt)
+    procs.append(evald)
+    wait_for(lambda: _states(ckpt) == {25: "skipped", 50: "skipped", 75: "skipped", 100: "evaluated"}, 300,
+             "the default lag policy's outcome")
+    asked = evald_cli("retry", "--ckpt-dir", str(ckpt), "--step", "25")
+    assert asked.returncode == 0 and f"evald pid {evald.popen.pid} serves this run" in asked.stdout, asked.stdout
+    wait_for(lambda: _states(ckpt)[25] == "evaluated", 300, "25 evaluated by the running evald")
+    filled = evald_cli("backfill", "--ckpt-dir", str(ckpt), "--steps", "40:80")
+    assert filled.returncode == 0 and "50, 75" in filled.stdout, filled.stdout + filled.stderr
+    wait_for(lambda: set(_states(ckpt).values()) == {"evaluated"}, 300, "50 and 75 evaluated by the running evald")
+    assert evald.popen.poll() is None   # no restart was needed
+    evald.signal(signal.SIGTERM)
+    assert evald.wait(120) == 0, evald.output()[-3000:]
