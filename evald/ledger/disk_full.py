@@ -57,6 +57,27 @@ def is_full(exc: BaseException | None) -> bool:
     return False
 
 
+def _out_of_space(exc: BaseException | None) -> bool:
+    """ENOSPC/EDQUOT or sqlite's FULL, as opposed to an I/O error (a read-only mount, an immutable file)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        if isinstance(exc, sqlite3.OperationalError) and (
+                (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL or "disk is full" in str(exc)):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def advice(exc: BaseException) -> str:
+    """What the operator can do about a write that ``is_full`` says to wait out."""
+    if _out_of_space(exc):
+        return "Free some space"
+    return ("Free some space, or make the file and its directory writable again (a read-only mount, "
+            "chattr +i, their permissions: sqlite says only that the write failed)")
+
+
 def is_locked(exc: BaseException | None) -> bool:
     """Another connection holds the database locked (sqlite's BUSY or LOCKED), anywhere in the chain."""
     seen = 0
@@ -100,8 +121,7 @@ class DiskWait:
                                     "End the other program's transaction", what, exc, waited)
                     else:
                         log.warning("%s cannot be written: %s. evald waits and retries every %.0fs%s; nothing is "
-                                    "lost (the change is retried whole). Free some space", what, exc, RETRY_S,
-                                    waited)
+                                    "lost (the change is retried whole). %s", what, exc, RETRY_S, waited, advice(exc))
                     reminded = now
                     waiting_since = now if waiting_since is None else waiting_since
                 if self.should_stop():

@@ -120,3 +120,18 @@ def test_is_locked_tells_a_busy_database_from_a_full_disk():
     busy = sqlite3.OperationalError("database is locked")
     assert disk_full.is_locked(busy) and not disk_full.is_full(busy)
     assert not disk_full.is_locked(sqlite3.OperationalError("disk is full"))
+
+
+def test_the_advice_for_a_write_that_failed_names_what_the_error_says():
+    """A full disk says free some space; sqlite's I/O error (its -wal file made unwritable mid-run, a read-only
+    remount) may be either, and says so, instead of sending the operator to look for space."""
+    import errno
+    import sqlite3
+
+    from evald.ledger.disk_full import advice, is_full
+
+    full = OSError(errno.ENOSPC, "No space left on device")
+    io_error = sqlite3.OperationalError("disk I/O error")
+    assert is_full(full) and is_full(io_error)
+    assert advice(full) == "Free some space"
+    assert "make the file and its directory writable again" in advice(io_error)
