@@ -100,9 +100,14 @@ def plan_reads(pieces: Sequence[Piece], want: Region, itemsize: int) -> list[Run
     return runs
 
 
-def read_region(runs: Sequence[Run], want: Region, dtype: np.dtype) -> tuple[np.ndarray, int]:
-    """The wanted box as an array, read run by run; and the bytes read."""
-    out = np.empty(tuple(b - a for a, b in want), dtype)
+def read_region(runs: Sequence[Run], want: Region, dtype: np.dtype,
+                into: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """The wanted box as an array, read run by run; and the bytes read. ``into``: an array of the box's
+    shape and ``dtype`` to fill (a parameter's live memory), used when it fits, so that the host holds the
+    weights once, not twice; a run whose destination is contiguous there is read straight into it."""
+    shape = tuple(b - a for a, b in want)
+    fits = (into is not None and into.shape == shape and into.dtype == dtype and into.flags.writeable)
+    out = into if fits else np.empty(shape, dtype)
     nbytes = 0
     fds: dict[Path, int] = {}
     try:
@@ -110,12 +115,18 @@ def read_region(runs: Sequence[Run], want: Region, dtype: np.dtype) -> tuple[np.
             fd = fds.get(run.file)
             if fd is None:
                 fd = fds[run.file] = os.open(run.file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            data = os.pread(fd, run.nbytes, run.offset)
-            if len(data) != run.nbytes:
-                raise CheckpointError(f"{run.file.name}: ended early (read {len(data)} of {run.nbytes} bytes at "
+            target = out[run.dest] if run.dest else None
+            if target is not None and target.flags.c_contiguous and target.nbytes == run.nbytes:
+                got = os.preadv(fd, [target.reshape(-1).view(np.uint8)], run.offset)
+            else:
+                data = os.pread(fd, run.nbytes, run.offset)
+                got = len(data)
+                if got == run.nbytes:
+                    out[run.dest] = np.frombuffer(data, dtype).reshape(run.shape)
+            if got != run.nbytes:
+                raise CheckpointError(f"{run.file.name}: ended early (read {got} of {run.nbytes} bytes at "
                                       f"{run.offset}): truncated")
-            out[run.dest] = np.frombuffer(data, dtype).reshape(run.shape)
-            nbytes += len(data)
+            nbytes += got
     finally:
         for fd in fds.values():
             os.close(fd)

@@ -160,9 +160,9 @@ class Evaluator:
     def _load_shard(self, path: Path, kind: str) -> dict[str, np.ndarray]:
         """This tensor-parallel rank's slice of every parameter, only their bytes (evald.pipeline.swap.tp_load)."""
         degree, rank = self.tensor_parallel
-        read = read_rank(path, kind, self.weights.specs, degree, rank)
-        self.weights.valid = False
-        self.weights.assign(read.arrays)
+        self.weights.valid = False   # read into the live parameters: a failed read leaves a mix
+        read = read_rank(path, kind, self.weights.specs, degree, rank, into=self.weights.destinations())
+        self.weights.assign(read.arrays)   # nothing to copy for what was read in place
         self.weights.valid = True
         log.info("rank %d of %d: read %d bytes of %s, its slices only", rank, degree, read.bytes_read, path.name)
         return read.arrays

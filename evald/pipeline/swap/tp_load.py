@@ -113,9 +113,13 @@ def cut_dims(stored: Mapping[str, Stored], local: Mapping[str, tuple[int, ...]],
     return out
 
 
-def read_rank(path: Path, kind: str, specs: Mapping[str, tuple], degree: int, rank: int) -> RankRead:
+def read_rank(path: Path, kind: str, specs: Mapping[str, tuple], degree: int, rank: int,
+              into: Mapping[str, np.ndarray] | None = None) -> RankRead:
     """This rank's slice of every network parameter (``specs``: ``{name: (shape, dtype)}`` of the rank's
-    network), by network name; CheckpointError if the checkpoint does not fit the rank's network."""
+    network), by network name; CheckpointError if the checkpoint does not fit the rank's network.
+    ``into``: the parameters' live host memory by name (NetworkWeights.destinations): each slice that fits
+    is read straight into it, so the rank holds its share once (the caller marks the weights invalid
+    first: a failed read leaves a mix)."""
     stored = stored_params(path, kind)
     to_net = name_fit.to_network_names(stored, specs)
     by_net = {to_net[n]: s for n, s in stored.items()}
@@ -133,7 +137,8 @@ def read_rank(path: Path, kind: str, specs: Mapping[str, tuple], degree: int, ra
         want = tp_region(param.shape, dims[name], degree, rank)
         dtype = np.dtype(param.dtype)
         try:
-            arrays[name], nbytes = read_region(plan_reads(param.pieces, want, dtype.itemsize), want, dtype)
+            arrays[name], nbytes = read_region(plan_reads(param.pieces, want, dtype.itemsize), want, dtype,
+                                               (into or {}).get(name))
         except FileNotFoundError as exc:
             raise CheckpointDeleted(f"{Path(exc.filename or '').name}: deleted before it could be read") from exc
         total += nbytes

@@ -44,6 +44,9 @@ def test_any_written_layout_read_at_any_degree_gives_exactly_the_slice_and_only_
         got, nbytes = read_region(plan_reads(pieces, want, 4), want, np.dtype(np.float32))
         assert np.array_equal(got, full[tuple(slice(a, b) for a, b in want)])
         assert nbytes == got.nbytes            # its share of the bytes, not one more
+        live = np.full(got.shape, np.nan, np.float32)   # a parameter's memory: read straight into it
+        into, again = read_region(plan_reads(pieces, want, 4), want, np.dtype(np.float32), live)
+        assert into is live and np.array_equal(live, got) and again == nbytes
 
 
 def test_a_cut_along_the_first_dimension_is_one_run_per_piece_and_along_the_last_one_per_row(tmp_path):
@@ -90,3 +93,13 @@ def test_evald_parts_written_at_one_tp_degree_read_at_another(tmp_path, written,
             assert np.array_equal(arrays[name], array[tuple(slice(a, b) for a, b in want)])
         manifests = sum(p.stat().st_size for p in tmp_path.glob("*/MANIFEST.json"))
         assert read - manifests == share
+
+
+def test_memory_to_read_into_is_used_only_when_it_fits(tmp_path):
+    pieces = _store(tmp_path, np.arange(16, dtype=np.float32).reshape(4, 4), 0, 2)
+    want = tp_region((4, 4), 0, 2, 1)
+    for other in (np.zeros((4, 4), np.float32), np.zeros((2, 4), np.float64), np.zeros((2, 4), np.float32)[:, ::1]):
+        if other.shape == (2, 4) and other.dtype == np.float32:
+            other.flags.writeable = False
+        got, _ = read_region(plan_reads(pieces, want, 4), want, np.dtype(np.float32), other)
+        assert got is not other and np.array_equal(got, np.arange(8, 16, dtype=np.float32).reshape(2, 4))

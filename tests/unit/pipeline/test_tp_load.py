@@ -42,6 +42,11 @@ def test_evald_parts_of_any_tp_degree_give_each_rank_its_slices(tmp_path, writte
         assert {n[4:] for n in got.arrays} == set(want)                  # fitted to the network's names
         assert all(np.array_equal(got.arrays["net." + n], a) for n, a in want.items())
         assert got.bytes_read == sum(a.nbytes for a in want.values())   # only its share
+        live = {n: np.zeros(shape, dtype) for n, (shape, dtype) in _rank_specs(weights, cuts, degree, rank,
+                                                                                 prefix="net.").items()}
+        into = read_rank(path, kind, _rank_specs(weights, cuts, degree, rank, prefix="net."), degree, rank, into=live)
+        assert all(into.arrays[n] is live[n] for n in live)              # read into the parameters' memory
+        assert all(np.array_equal(live["net." + n], a) for n, a in want.items())
 
 
 def test_a_checkpoint2_iteration_gives_each_rank_its_slices_never_an_optimizer_byte(tmp_path):
