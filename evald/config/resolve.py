@@ -106,11 +106,6 @@ def _check_combinations(config: EvaldConfig, sources: Mapping[str, str]) -> None
                                            f"({config.group_size}: --device {config.device}"
                                            f"{f' on {config.group.nodes} hosts' if config.group.nodes > 1 else ''}); "
                                            f"data parallelism over groups of tensor-parallel ranks is not supported")
-        if config.suites:
-            raise error("suites", "benchmark suites on a tensor-parallel eval group are not supported yet; "
-                                  "run them on one device")
-        if config.serve.listen:
-            raise error("serve", "serving from a tensor-parallel eval group is not supported yet")
     if config.group.nodes > 1 and config.group.master_port is None:
         raise error("group", f"an eval group over {config.group.nodes} hosts needs group.master_port (the same "
                              f"on every host) and group.master_addr (node 0's address)")

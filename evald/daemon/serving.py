@@ -15,7 +15,10 @@ Then, on evald's main thread:
   transaction each, never one per request).
 
 Eval group: requests run on rank 0's network (the Pipeline's ``network``), the other ranks are not
-involved; an evaluation's batches on rank 0 wait at most ``serve.budget_s`` for them.
+involved; an evaluation's batches on rank 0 wait at most ``serve.budget_s`` for them. A tensor-parallel
+group's rank 0 holds one shard: every forward of a request is a command to the whole group (the
+Pipeline's ``group_scorer``), so requests run between evaluations only, never between the batches of one
+(the other ranks are inside that evaluation's collectives).
 
 May import: config, ledger, pipeline, serve.
 """
@@ -167,8 +170,9 @@ class Serving:
             return
         started = time.monotonic()
         try:
-            scorer = TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
-                                 top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
+            scorer = self.pipeline.group_scorer(
+                TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
+                            top_k=max(self.options.sample_top_k, MAX_LOGPROBS)))
             scorer.warm_up(generate=False)  # every bucket compiled now, never at a request or a swap
         except Exception as exc:  # noqa: BLE001 - serving is off, evaluation goes on
             log.debug("the serving scorer failed", exc_info=True)
@@ -190,7 +194,7 @@ class Serving:
         return self.queue.pending()
 
     def between_batches(self) -> None:
-        if self.scorer is None or not self.queue.pending():
+        if self.scorer is None or not self.queue.pending() or self.pipeline.tensor_parallel:
             return
         started = time.monotonic()
         self.runner.run(self.options.budget_s, may_swap=False)

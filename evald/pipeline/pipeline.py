@@ -82,7 +82,8 @@ class EvaluationPipeline(Protocol):
     def ensure_built(self, config: EvaldConfig) -> bool: ...
 
     def build_next_suite(self) -> bool:
-        """Build one pending suite (or fail it, with its reason in suite_errors); False when none is pending."""
+        """One piece of building a pending suite (or fail it, with its reason in suite_errors); False when none
+        is pending."""
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome: ...
 
@@ -98,6 +99,14 @@ class ServablePipeline(Protocol):
     def held(self) -> Held | None: ...
 
     def swap_in(self, ckpt_dir: Path, row: Step) -> Held: ...
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether the network is one shard of a tensor-parallel group: every forward needs every rank."""
+
+    def group_scorer(self, scorer: Any) -> Any:
+        """``scorer`` (a TokenScorer on this process's network), or, on a tensor-parallel group, one that
+        runs each call on every rank."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,7 @@ class Pipeline:
         self._tokenizer: Any = None               # the suites' tokenizer, built with the first of them
         self._model_vocab: int | None = None      # the network's vocabulary (its logits), measured once
         self.suites_pending: tuple[str, ...] = ()  # configured, not built yet: built between evaluations
+        self._building: SuiteRunner | None = None  # the first pending suite, its graphs being compiled
         self.loaded_step: int | None = None       # the step whose weights the network holds, if proven
         self._named: tuple[Path, int] | None = None   # the path last swapped in, and its ledger step
 
@@ -158,14 +168,34 @@ class Pipeline:
             return replace(held, step=self._named[1])
         return held
 
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether this process's network is one shard of a tensor-parallel group (every forward, a swap
+        too, is then the whole group's: a command, never rank 0 alone)."""
+        local = self._local()
+        return self.group is not None and local is not None and local.tensor_parallel[0] > 1
+
+    def group_scorer(self, scorer: Any) -> Any:
+        """``scorer`` (a TokenScorer on this process's network), or, on a tensor-parallel group, a GroupScorer
+        that runs each of its calls on every rank (serving; a suite's scorer is made in build_next_suite)."""
+        if not self.tensor_parallel:
+            return scorer
+        from evald.pipeline.group.scoring import GroupScorer
+
+        return GroupScorer(self.group, scorer, tensor_parallel=True)  # type: ignore[arg-type]
+
     def swap_in(self, ckpt_dir: Path, row: Step) -> Held:
         """Swap ``row``'s checkpoint into this process's network, proven, without evaluating it (a pinned
-        request, between evaluations; the next evaluation swaps its own checkpoint in as always)."""
+        request, between evaluations; the next evaluation swaps its own checkpoint in as always). On a
+        tensor-parallel group every rank swaps (a SWAP command); on a data-parallel one rank 0 alone serves."""
         local = self._local()
         if local is None:
             raise RuntimeError("no evaluation network is built yet")
         self._named, self.loaded_step = (ckpt_dir / row.source, row.step), None
-        local.swap_in(ckpt_dir / row.source, row.kind, row.step)
+        if self.tensor_parallel:
+            self.evaluator.load_only(ckpt_dir / row.source, row.kind, row.step)  # type: ignore[union-attr]
+        else:
+            local.swap_in(ckpt_dir / row.source, row.kind, row.step)
         self.loaded_step = row.step   # a suite of this step need not swap it in again
         return self.held()  # type: ignore[return-value]
 
@@ -219,44 +249,60 @@ class Pipeline:
             return
         self._suites_for, self.suites, self.suite_errors = wanted, {}, {}
         self._suite_plan, self._tokenizer, self._model_vocab = (config, specs), None, None
-        self.suites_pending = tuple(sorted(config.suites or {}))
+        self.suites_pending, self._building = tuple(sorted(config.suites or {})), None
 
     def build_next_suite(self) -> bool:
-        """Build the next pending suite on the network (the tokenizer first); False when none is pending."""
+        """One piece of building the next pending suite, False when none is pending. The pieces: the tokenizer
+        (once), the suite's lm-eval tasks with the vocabulary check, then its graphs, one per call (seconds
+        each at LLM shapes). A checkpoint that arrives meanwhile waits for one piece, never a whole build
+        (tens of seconds). The suite is in ``suites`` once its last graph is compiled."""
         if not self.suites_pending or self._suite_plan is None or self.evaluator is None:
             return False
         config, specs = self._suite_plan
         if self._tokenizer is None and not self._build_tokenizer(config):
             return True
-        name, self.suites_pending = self.suites_pending[0], self.suites_pending[1:]
-        options = config.suites[name]
-        from evald.pipeline.suites.runner import SuiteRunner
-        from evald.pipeline.suites.tokenizer import check_covers
-
-        network_identity = {"model": specs.model.target, "model_kwargs": dict(specs.model.kwargs), "task": specs.task}
+        name = self.suites_pending[0]
         try:
-            scorer = None
-            if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
-                from evald.pipeline.group.scoring import GroupScorer
-                from evald.pipeline.suites.scoring import TokenScorer
-
-                ids = config.device.ids
-                wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
-                ranks = [r for r in range(self.group.size) if ids[r % len(ids)] in wanted]
-                scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
-                                                             max_length=options.max_length,
-                                                             batch_size=options.batch_size), ranks)
-            runner = SuiteRunner(name, options, self.evaluator.network, self._tokenizer,  # type: ignore
-                                 network_identity=network_identity, scorer=scorer)
-            if self._model_vocab is None:
-                self._model_vocab = runner.scorer.vocab_size()
-            check_covers(self._tokenizer, self._model_vocab)  # else plausible numbers that mean nothing
-            self.suites[name] = runner
+            if self._building is None or self._building.name != name:
+                self._building = self._new_suite(name, config, specs)
+                return True
+            if not self._building.warm_next():
+                return True
+            self.suites[name] = self._building
         except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
             self.suite_errors[name] = f"cannot build suite {name}: {exc}"
             log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],
                       exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))
+        self._building, self.suites_pending = None, self.suites_pending[1:]
         return True
+
+    def _new_suite(self, name: str, config: EvaldConfig, specs: EvaluationSpec) -> SuiteRunner:
+        """Suite ``name``'s runner (its tasks loaded, no graph compiled yet), the tokenizer checked against the
+        model's vocabulary."""
+        from evald.pipeline.suites.runner import SuiteRunner
+        from evald.pipeline.suites.tokenizer import check_covers
+
+        options = config.suites[name]
+        log.info("building suite %s: its tasks now, then its graphs one at a time between evaluations", name)
+        network_identity = {"model": specs.model.target, "model_kwargs": dict(specs.model.kwargs), "task": specs.task}
+        scorer = None
+        if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
+            from evald.pipeline.group.scoring import GroupScorer
+            from evald.pipeline.suites.scoring import TokenScorer
+
+            ids = config.device.ids
+            wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
+            ranks = [r for r in range(self.group.size) if ids[r % len(ids)] in wanted]
+            scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
+                                                         max_length=options.max_length,
+                                                         batch_size=options.batch_size), ranks,
+                                 tensor_parallel=config.tensor_parallel > 1)
+        runner = SuiteRunner(name, options, self.evaluator.network, self._tokenizer,  # type: ignore
+                             network_identity=network_identity, scorer=scorer)
+        if self._model_vocab is None:
+            self._model_vocab = runner.scorer.vocab_size()
+        check_covers(self._tokenizer, self._model_vocab)  # else plausible numbers that mean nothing
+        return runner
 
     def _build_tokenizer(self, config: EvaldConfig) -> bool:
         """The suites' tokenizer; False (every pending suite failed, with the reason) when it cannot be built."""

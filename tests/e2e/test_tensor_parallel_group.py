@@ -4,13 +4,18 @@ tensor-parallel weight of the LLaMA-style example (examples/llama_tp), as a real
 The snapshot is evald's partitioned layout written at TP=4 (each part the slices a TP=4 training rank
 holds, with their layouts, as EvaldHook(tensor_layouts=...) writes them) of the example's weights.
 Evaluated by 1, 2 and 4 tensor-parallel ranks, each reading only its slices: eval/loss equal across the
-three (rel <= 1e-6) and equal to an in-process single-device evaluation of the assembled weights.
+three (rel <= 1e-6) and equal to an in-process single-device evaluation of the assembled weights; a
+benchmark suite (multiple choice and rolling bits per byte) on the same runs: every per-sample
+log-likelihood equal across the three (rel <= 1e-6), every greedy flag identical; and a completion served
+by each (`--serve`, greedy, echo and log-probabilities): the same tokens, log-probabilities equal (rel <= 1e-6).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +24,9 @@ import pytest
 from evald.contracts import layout
 from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout
 from evald.files.slices import tp_region
+from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
-from tests.harness import run_dir, scalar_points
+from tests.harness import run_dir, scalar_points, wait_for
 
 pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
@@ -87,31 +93,96 @@ def in_process_loss(weights: dict[str, np.ndarray], indices: list[int]) -> float
     return total / count
 
 
-def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_of_one_device(tmp_path, procs):
+def _responses(run: Path) -> dict[str, list]:
+    """Every per-sample file of the run's suites: lm-eval's responses of each document, in doc_id order."""
+    found = {}
+    for path in sorted((run / "samples").rglob("*.jsonl.gz")):
+        lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+        docs = sorted((json.loads(line) for line in lines), key=lambda d: d["doc_id"])
+        found[str(path.relative_to(run))] = [d["resps"] for d in docs]
+    return found
+
+
+def _numbers(responses) -> tuple[list[float], list]:
+    """The floats (log-likelihoods) of lm-eval's responses, and everything else (greedy flags) as it is."""
+    floats, others = [], []
+    if isinstance(responses, list):
+        for item in responses:
+            f, o = _numbers(item)
+            floats += f
+            others += o
+    elif isinstance(responses, float):
+        floats.append(responses)
+    else:
+        others.append(responses)
+    return floats, others
+
+
+def _completion(url: str, run: str) -> dict:
+    """A greedy completion of step 10 with the prompt's and the new tokens' log-probabilities."""
+    import httpx
+
+    with httpx.Client(base_url=url, timeout=300) as client:
+        wait_for(lambda: client.get("/health").json().get("ok"), 300, "/health ok")
+        answer = client.post("/v1/completions", json={"model": f"{run}@10", "prompt": "import os\nimport",
+                                                      "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 2})
+    assert answer.status_code == 200, answer.text
+    [choice] = answer.json()["choices"]
+    logprobs = choice["logprobs"]
+    return {"text": choice["text"], "tokens": logprobs["tokens"],
+            "logprobs": [v for v in logprobs["token_logprobs"] if v is not None]}
+
+
+def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_one_device(tmp_path, procs):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     weights = _whole_weights()
     _write_tp_parts(ckpt, 10, weights, 4)
-    common = ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--lag-policy", "all", "--idle-exit-s", "2",
-              "--subset-size", "32", "--batch-size", "8", "--generation", '{"prompts": 0}', *FACTORIES]
-    losses = {}
+    include = write_benchmarks(tmp_path / "bench", next_line_count=12, bpb_docs_per_set=2)
+    config = tmp_path / "evald.toml"
+    config.write_text(f'[suites.mc]\ntasks = ["stdlib_next_line", "bpb_email"]\ninclude_path = ["{include}"]\n'
+                      f'batch_size = 4\nmax_length = 64\n')
+    common = ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--lag-policy", "all", "--serve-forever",
+              "--serve", '{"listen": "127.0.0.1:0", "max_length": 64}', "--subset-size", "32", "--batch-size", "8",
+              "--generation", '{"prompts": 0}', "--config", str(config), *FACTORIES]
+    losses, responses, served = {}, {}, {}
     for degree in (1, 2, 4):
         devices = ",".join(str(d) for d in range(degree))
         args = ["--device", devices, "--logdir", str(tmp_path / f"tp{degree}"), *common]
         if degree > 1:
             args += ["--tensor-parallel", str(degree), "--group", json.dumps({"log_dir": str(tmp_path / f"ms{degree}")})]
-        evald = faults.start(tmp_path, None, *args, name=f"tp{degree}", fast=False)
+        evald = faults.start(tmp_path, None, *args, name=f"tp{degree}", fast=False,
+                             env={"HF_DATASETS_CACHE": str(tmp_path / "hf")})
         procs.append(evald)
+        run = run_dir(ckpt, tmp_path / f"tp{degree}")
+        wait_for(lambda: len(list((run / "samples").rglob("*.jsonl.gz"))) == 2 or evald.popen.poll() is not None,
+                 GROUP_TIMEOUT_S, "the suite's cell", interval=0.5)
+        assert evald.popen.poll() is None, evald.output()[-4000:]
+        served[degree] = _completion(json.loads((run / "serve.json").read_text())["url"], run.name)
+        evald.signal(signal.SIGTERM)
         assert evald.wait(GROUP_TIMEOUT_S) == 0, evald.output()[-4000:]
         rows = faults.ledger_rows(ckpt, tmp_path / f"tp{degree}")
         assert [(r["step"], r["state"]) for r in rows] == [(10, "evaluated")], rows
         [(step, _, loss)] = scalar_points(run_dir(ckpt, tmp_path / f"tp{degree}"), "eval/loss")
         losses[degree] = loss
+        responses[degree] = _responses(run_dir(ckpt, tmp_path / f"tp{degree}"))
         if degree > 1:
             assert f"tensor-parallel eval group of {degree} ranks ready" in evald.output()
             worker = (tmp_path / f"ms{degree}" / "worker_1.log").read_text(errors="replace")
             assert f"rank 1 of {degree}: read" in worker   # its slices only (counted in its log line)
     assert math.isclose(losses[2], losses[1], rel_tol=1e-6) and math.isclose(losses[4], losses[1], rel_tol=1e-6), losses
+    assert len(responses[1]) == 2 and all(responses[d].keys() == responses[1].keys() for d in (2, 4)), responses
+    for name, one in responses[1].items():
+        ones, flags = _numbers(one)
+        assert len(ones) >= 2 and all(math.isfinite(v) for v in ones), name   # 2 bpb documents, 12 questions
+        for degree in (2, 4):
+            theirs, their_flags = _numbers(responses[degree][name])
+            assert their_flags == flags, (degree, name)
+            assert np.allclose(theirs, ones, rtol=1e-6, atol=0), (degree, name, np.max(np.abs(
+                np.asarray(theirs) / np.asarray(ones) - 1)))
+    for degree in (2, 4):
+        assert served[degree]["text"] == served[1]["text"] and served[degree]["tokens"] == served[1]["tokens"]
+        assert np.allclose(served[degree]["logprobs"], served[1]["logprobs"], rtol=1e-6, atol=0), (degree, served)
     indices = json.loads((run_dir(ckpt, tmp_path / "tp1") / "subset.json").read_text())["indices"]
     reference = in_process_loss(weights, indices)
     assert losses[1] == pytest.approx(reference, rel=1e-5), (losses, reference)

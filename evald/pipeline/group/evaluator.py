@@ -25,8 +25,8 @@ import numpy as np
 from evald.contracts.wire import FactorySpec
 from evald.files.recognise import CheckpointDeleted, CheckpointError
 from evald.pipeline.group.protocol import (BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, GENERATE, OK, OP_NAMES,
-                                          SCORE, SWAP, Group)
-from evald.pipeline.group.scoring import generate_share, score_share
+                                          SCORE, SWAP, WARM, Group)
+from evald.pipeline.group.scoring import generate_share, score_share, warm_share
 from evald.pipeline.network import EvalResult, Evaluator, PartResult
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
 
@@ -175,7 +175,8 @@ def _scorer_for(scorers: dict, evaluator: Evaluator | None, settings: Mapping[st
     key = json.dumps(settings, sort_keys=True)
     if key not in scorers:
         scorers[key] = TokenScorer(evaluator.network, max_length=settings["max_length"],
-                                   batch_size=settings["batch_size"], lengths=settings["lengths"])
+                                   batch_size=settings["batch_size"], lengths=settings["lengths"],
+                                   top_k=int(settings.get("top_k", 0)))
     return scorers[key]
 
 
@@ -211,5 +212,8 @@ def follow(group: Group) -> int:
         elif op == GENERATE:
             assert payload is not None
             generate_share(_scorer_for(scorers, evaluator, payload["scorer"]), group, payload)
+        elif op == WARM:
+            assert payload is not None
+            warm_share(_scorer_for(scorers, evaluator, payload["scorer"]), group, payload)
         elif op not in OP_NAMES:
             raise AssertionError(op)

@@ -29,9 +29,10 @@ log = logging.getLogger("evald.group")
 
 NOOP, BUILD, EVALUATE, EXIT = 1, 2, 3, 4
 SWAP, SCORE, GENERATE = 5, 6, 7   # benchmark suites: load a step's weights; score or generate a share of requests
+WARM = 8                          # a suite's scorer: compile its graphs on the ranks that take part, say the vocabulary
 OP_NAMES = {NOOP: "noop", BUILD: "build", EVALUATE: "evaluate", EXIT: "exit", SWAP: "swap", SCORE: "score",
-            GENERATE: "generate"}
-ANSWERED = (BUILD, EVALUATE, SWAP, SCORE, GENERATE)   # commands every rank answers
+            GENERATE: "generate", WARM: "warm"}
+ANSWERED = (BUILD, EVALUATE, SWAP, SCORE, GENERATE, WARM)   # commands every rank answers
 OK, FAILED, DELETED, ERROR = 0, 1, 2, 3   # a rank's answer: evaluated, bad checkpoint, gone, unexpected
 HEARTBEAT_S = 5.0
 STATUS_BYTES = 2048                       # room for one rank's error text in an answer

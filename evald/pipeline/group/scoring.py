@@ -10,6 +10,13 @@ request's numbers do not depend on which rows share its batch (tests/unit/pipeli
 so the result is the one a single device gives. ``swap`` (GroupEvaluator.load_only) loads a step's
 weights on every rank, for cells of a step other than the one just validated.
 
+On a tensor-parallel group (``tensor_parallel`` in the payload) every rank holds 1/N of the model, so every
+rank runs every request, in the same order and the same batches (the model's own AllReduce needs all of
+them in step), and only rank 0's values go into the answer's SUM. ``warm_up`` is a command too (WARM): a
+tensor-parallel forward cannot run on rank 0 alone, and on a data-parallel group the ranks that take part
+then compile their graphs at start rather than at their first share; its answer carries the vocabulary
+(the logits' last dimension) that the tokenizer check needs.
+
 Generation on a group ignores the adapter's stop callables and runs each row to EOS or
 ``max_new_tokens``; the adapter cuts the text at the first stop string, which is where a single
 device stopped (greedy decoding: the tokens before it are the same).
@@ -20,18 +27,31 @@ May import: the suites' scoring and the group's protocol.
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from evald.pipeline.group.protocol import ERROR, GENERATE, OK, SCORE, Group, GroupError
+from evald.pipeline.group.protocol import ERROR, GENERATE, OK, SCORE, WARM, Group, GroupError
 from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer, TokenScores, shared_rows
 
 log = logging.getLogger("evald.group")
 
 
 def scorer_settings(scorer: TokenScorer) -> dict:
-    return {"max_length": scorer.max_length, "batch_size": scorer.batch_size, "lengths": list(scorer.lengths)}
+    return {"max_length": scorer.max_length, "batch_size": scorer.batch_size, "lengths": list(scorer.lengths),
+            "top_k": int(getattr(scorer, "top_k", 0))}
+
+
+def _ranks(group: Group, payload: Mapping[str, Any]) -> Sequence[int]:
+    """The ranks that take part: a suite's ``device`` may name some (data parallel); all on a tensor-parallel group."""
+    return range(group.size) if payload.get("tensor_parallel") else payload.get("ranks") or range(group.size)
+
+
+def _only_rank_0(group: Group, payload: Mapping[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Tensor parallel: every rank computed every value; rank 0's alone go into the SUM (one contributor)."""
+    if payload.get("tensor_parallel") and group.rank != 0:
+        for array in arrays.values():
+            array.fill(0)
 
 
 def _mine(count: int, rank: int, ranks: Sequence[int]) -> list[int]:
@@ -59,16 +79,24 @@ def score_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, 
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     total = int(offsets[-1])
     layout = {"logprobs": ((total,), np.dtype(np.float32)), "greedy": ((total,), np.dtype(np.int8))}
+    k = int(payload["scorer"].get("top_k", 0))
+    if k:   # serving: each position's k most likely tokens (scoring.TokenScores.top_ids, top_logprobs)
+        layout.update({"top_ids": ((total, k), np.dtype(np.int32)), "top_logprobs": ((total, k), np.dtype(np.float32))})
     arrays = {name: np.zeros(shape, dtype) for name, (shape, dtype) in layout.items()}
     code, text = OK, ""
     try:
         if scorer is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        ranks = payload.get("ranks") or range(group.size)
-        mine = _mine_by_row(shared_rows(requests, scorer.max_length), group.rank, ranks)
+        ranks = _ranks(group, payload)
+        mine = (list(range(len(requests))) if payload.get("tensor_parallel")
+                else _mine_by_row(shared_rows(requests, scorer.max_length), group.rank, ranks))
         for i, scores in zip(mine, scorer.score([requests[i] for i in mine])):
             arrays["logprobs"][offsets[i]:offsets[i + 1]] = scores.logprobs
             arrays["greedy"][offsets[i]:offsets[i + 1]] = scores.greedy
+            if k:
+                arrays["top_ids"][offsets[i]:offsets[i + 1]] = scores.top_ids
+                arrays["top_logprobs"][offsets[i]:offsets[i + 1]] = scores.top_logprobs
+        _only_rank_0(group, payload, arrays)
     except Exception as exc:  # noqa: BLE001 - every rank must answer
         log.exception("rank %d: scoring its share of a suite's requests raised", group.rank)
         code, text = ERROR, repr(exc)
@@ -88,12 +116,32 @@ def generate_share(scorer: TokenScorer | None, group: Group, payload: Mapping[st
     try:
         if scorer is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        mine = _mine(len(requests), group.rank, payload.get("ranks") or range(group.size))
+        mine = (list(range(len(requests))) if payload.get("tensor_parallel")
+                else _mine(len(requests), group.rank, _ranks(group, payload)))
         for i, ids in zip(mine, scorer.generate([requests[i] for i in mine], eos_id=payload.get("eos_id"))):
             arrays["tokens"][i, :len(ids)] = ids
             arrays["lengths"][i] = len(ids)
+        _only_rank_0(group, payload, arrays)
     except Exception as exc:  # noqa: BLE001 - every rank must answer
         log.exception("rank %d: generating its share of a suite's requests raised", group.rank)
+        code, text = ERROR, repr(exc)
+    return group.answer(code, text, arrays, layout)
+
+
+def warm_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, Any]) -> tuple[list, dict]:
+    """Every rank: rank 0 and the ranks that take part compile the scorer's graphs and read the model's
+    vocabulary (its own slot of the answer); the others only answer."""
+    layout = {"vocab": ((group.size,), np.dtype(np.int64))}
+    arrays = {"vocab": np.zeros(group.size, np.int64)}
+    code, text = OK, ""
+    try:
+        if group.rank == 0 or group.rank in _ranks(group, payload):
+            if scorer is None:
+                raise RuntimeError("this rank has no evaluation network (its build failed)")
+            scorer.warm_up(bool(payload.get("generate", True)))
+            arrays["vocab"][group.rank] = scorer.vocab_size()
+    except Exception as exc:  # noqa: BLE001 - every rank must answer
+        log.exception("rank %d: compiling a suite's graphs raised", group.rank)
         code, text = ERROR, repr(exc)
     return group.answer(code, text, arrays, layout)
 
@@ -107,12 +155,17 @@ def _check(statuses: list, what: str) -> None:
 class GroupScorer:
     """Rank 0's TokenScorer for a suite on an eval group: same API (score, generate, max_length)."""
 
-    def __init__(self, group: Group, local: TokenScorer, ranks: Sequence[int] | None = None) -> None:
-        self.group, self.local = group, local
+    def __init__(self, group: Group, local: TokenScorer, ranks: Sequence[int] | None = None,
+                 tensor_parallel: bool = False) -> None:
+        self.group, self.local, self.tensor_parallel = group, local, tensor_parallel
         self.ranks = list(ranks) if ranks is not None else list(range(group.size))  # a suite's ``device``
+        if tensor_parallel and sorted(self.ranks) != list(range(group.size)):
+            raise ValueError(f"a suite on a tensor-parallel eval group runs on all {group.size} ranks (each holds "
+                             f"1/{group.size} of the model); drop the suite's device option")
+        self._vocab: int | None = None
         self.max_length, self.batch_size, self.lengths = local.max_length, local.batch_size, local.lengths
         self.stats = local.stats
-        self.top_k = 0
+        self.top_k = int(getattr(local, "top_k", 0))
 
     @property
     def compiled_graphs(self) -> int:
@@ -122,15 +175,32 @@ class GroupScorer:
     def buckets(self):
         return self.local.buckets
 
+    def _payload(self, **fields: Any) -> dict:
+        return {**fields, "scorer": scorer_settings(self.local), "ranks": self.ranks,
+                "tensor_parallel": self.tensor_parallel}
+
     def vocab_size(self) -> int:
-        return self.local.vocab_size()
+        if self._vocab is None:
+            self.warm_up(generate=False)
+        assert self._vocab is not None
+        return self._vocab
+
+    def warming(self, generate: bool = True) -> Iterator[int]:
+        """One step: the group compiles every graph at once (one WARM command)."""
+        yield self.warm_up(generate)
 
     def warm_up(self, generate: bool = True) -> int:
-        return self.local.warm_up(generate)   # the other ranks compile theirs at their first share
+        """Every taking part rank compiles its graphs now (WARM); rank 0's count of compiled graphs."""
+        payload = self._payload(generate=generate)
+        self.group.command(WARM, payload)
+        statuses, combined = warm_share(self.local, self.group, payload)
+        _check(statuses, "compile a suite's graphs")
+        self._vocab = int(combined["vocab"][0])
+        return self.local.compiled_graphs
 
     def score(self, requests: Sequence[ScoreRequest]) -> list[TokenScores]:
-        payload = {"requests": [[list(map(int, r.context)), list(map(int, r.continuation))] for r in requests],
-                   "scorer": scorer_settings(self.local), "ranks": self.ranks}
+        payload = self._payload(requests=[[list(map(int, r.context)), list(map(int, r.continuation))]
+                                          for r in requests])
         self.group.command(SCORE, payload)
         statuses, combined = score_share(self.local, self.group, payload)
         _check(statuses, "score a suite's requests")
@@ -139,13 +209,15 @@ class GroupScorer:
         for i, r in enumerate(requests):
             span = slice(int(offsets[i]), int(offsets[i + 1]))
             whole = len(r.context) + len(r.continuation)
+            top = ((combined["top_ids"][span].copy(), combined["top_logprobs"][span].copy()) if self.top_k
+                   else (None, None))
             out.append(TokenScores(combined["logprobs"][span].copy(), combined["greedy"][span].astype(bool),
-                                   truncated=max(0, whole - (self.max_length + 1))))
+                                   *top, truncated=max(0, whole - (self.max_length + 1))))
         return out
 
     def generate(self, requests: Sequence[GenerateRequest], eos_id: int | None = None) -> list[list[int]]:
-        payload = {"requests": [[list(map(int, r.context)), int(r.max_new_tokens)] for r in requests],
-                   "eos_id": eos_id, "scorer": scorer_settings(self.local), "ranks": self.ranks}
+        payload = self._payload(requests=[[list(map(int, r.context)), int(r.max_new_tokens)] for r in requests],
+                                eos_id=eos_id)
         self.group.command(GENERATE, payload)
         statuses, combined = generate_share(self.local, self.group, payload)
         _check(statuses, "generate a suite's continuations")

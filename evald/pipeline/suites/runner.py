@@ -152,14 +152,30 @@ class SuiteRunner:
         # The suite identity, then the network's hash: every place that shows an identity's first 12
         # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
         self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
-        self.scorer.warm_up()
-        log.info("suite %s ready in %.1fs: %d task(s), %d document(s), identity %s, %d graph(s) compiled", name,
-                 time.time() - started, len(tasks), sum(len(d) for d in self.documents.values()),
-                 self.identity_sha256[:12], self.scorer.compiled_graphs)
+        self._started, self._ready = started, False
+        self._warming = self.scorer.warming()   # the graphs: compiled by warm_next, one a call, or by warm_up
+
+    def warm_next(self) -> bool:
+        """Compile the next of the suite's graphs (seconds each, so evald can validate a checkpoint between two
+        of them); True once every graph is compiled and the suite is ready."""
+        if not self._ready and next(self._warming, None) is None:
+            self._ready = True
+            log.info("suite %s ready in %.1fs: %d task(s), %d document(s), identity %s, %d graph(s) compiled",
+                     self.name, time.time() - self._started, len(self.documents),
+                     sum(len(d) for d in self.documents.values()), self.identity_sha256[:12],
+                     self.scorer.compiled_graphs)
+        return self._ready
+
+    def warm_up(self) -> None:
+        """Compile every graph the suite still needs, now."""
+        while not self.warm_next():
+            pass
 
     def run(self) -> SuiteResult:
-        """Evaluate the weights the network holds now."""
+        """Evaluate the weights the network holds now (every graph compiled first: none while scoring)."""
         import lm_eval
+
+        self.warm_up()
 
         started, before = time.time(), self.scorer.stats.real_tokens
         nonfinite_before = self.lm.counts.nonfinite

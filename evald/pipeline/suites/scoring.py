@@ -56,7 +56,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from mindspore import nn, ops
@@ -307,20 +307,31 @@ class TokenScorer:
 
     def warm_up(self, generate: bool = True) -> int:
         """Compile every bucket's graphs now; the number compiled so far."""
+        for _ in self.warming(generate):
+            pass
+        return self.compiled_graphs
+
+    def warming(self, generate: bool = True) -> Iterator[int]:
+        """``warm_up`` one graph at a time: each step of the iteration compiles one graph (seconds at LLM
+        shapes) and yields the number compiled so far, so that a caller can do other work between two
+        (evald validates a checkpoint that arrived meanwhile)."""
         for n in self.lengths:
             rows = self.rows_for(n)
             zeros = np.zeros((rows, n), np.int32)
             self._score_batch(zeros, np.zeros((rows * n, 3), np.int32))
+            yield self.compiled_graphs
             if generate and self.cached:
                 cache = self.network.init_cache(rows, n)
                 chunk = min(n, PREFILL_CHUNK)
                 _, cache = self._extend(np.zeros((rows, chunk), np.int32), np.zeros(rows, np.int32),
                                         np.zeros(rows, np.int32), cache)
+                yield self.compiled_graphs
                 self._extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
                              cache)
+                yield self.compiled_graphs
             elif generate:
                 self._next_tokens(zeros, np.zeros(rows, np.int32))
-        return self.compiled_graphs
+                yield self.compiled_graphs
 
     # -- log-probabilities ---------------------------------------------------------------------
     def score(self, requests: Sequence[ScoreRequest]) -> list[TokenScores]:

@@ -21,11 +21,14 @@ def test_the_degree_from_the_command_line_and_from_toml(tmp_path):
 @pytest.mark.parametrize("argv,expected", [
     (["--device", "0,1,2,3", "--tensor-parallel", "2"], "must equal the eval group's ranks"),
     (["--device", "0", "--tensor-parallel", "2"], "must equal the eval group's ranks"),
-    (["--device", "0,1", "--tensor-parallel", "2", "--serve", "127.0.0.1:0"], "serving from a tensor-parallel"),
-    (["--device", "0,1", "--tensor-parallel", "2", "--suites", '{"fast": {"tasks": ["hellaswag"]}}'],
-     "benchmark suites on a tensor-parallel"),
     (["--tensor-parallel", "0"], "must be >= 1"),
 ])
 def test_a_degree_that_cannot_work_is_refused_at_start(tmp_path, argv, expected):
     with pytest.raises(ConfigError, match=expected):
         parse_config([*argv, "--ckpt-dir", str(tmp_path)], environ={})
+
+
+def test_benchmark_suites_are_accepted_on_a_tensor_parallel_group(tmp_path):
+    resolved = parse_config(["--device", "0,1", "--tensor-parallel", "2", "--suites",
+                             '{"fast": {"tasks": ["hellaswag"]}}', "--ckpt-dir", str(tmp_path)], environ={})
+    assert resolved.config.tensor_parallel == 2 and list(resolved.config.suites) == ["fast"]

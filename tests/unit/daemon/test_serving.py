@@ -14,9 +14,13 @@ from evald.serve.requests import Completion, ModelRef
 
 class NoNetworkYet:
     network = None
+    tensor_parallel = False
 
     def held(self):
         return None
+
+    def group_scorer(self, scorer):
+        return scorer
 
 
 @pytest.fixture
@@ -82,3 +86,19 @@ def json_table(**keys) -> str:
     import json
 
     return json.dumps(keys)
+
+
+def test_a_tensor_parallel_network_serves_between_turns_only(serving, monkeypatch):
+    """Its other ranks are inside the evaluation's collectives between two batches: a request's forward,
+    the whole group's, would wait for them forever."""
+    s, _ = serving
+    calls: list[bool] = []
+    monkeypatch.setattr(s.runner, "run", lambda budget_s, may_swap: calls.append(may_swap) or 0)
+    monkeypatch.setattr(s, "scorer", object())
+    _job(s)
+    monkeypatch.setattr(s.pipeline, "tensor_parallel", True)
+    s.between_batches()
+    assert calls == []
+    monkeypatch.setattr(s.pipeline, "tensor_parallel", False)
+    s.between_batches()
+    assert calls == [False]
