@@ -34,20 +34,33 @@ from evald.files.slices import plan_reads, read_region, tp_region
 CASES = [(4, 2), (4, 1), (2, 4), (4, 4), (1, 4)]   # (written at TP, read at TP)
 
 
-def llama_weights(hidden: int, layers: int, vocab: int, seed: int = 0) -> tuple[dict[str, np.ndarray],
-                                                                               dict[str, int | None]]:
-    """The weights and the dimension each is cut along in Megatron tensor parallelism (None: replicated)."""
-    rng = np.random.default_rng(seed)
-    ffn = hidden * 11 // 4 // 8 * 8
-    shapes: dict[str, tuple[tuple[int, ...], int | None]] = {"embed.weight": ((vocab, hidden), 0)}
+def llama_shapes(hidden: int, layers: int, vocab: int, *, ffn: int | None = None, seq_len: int | None = None,
+                 example_names: bool = False) -> dict[str, tuple[tuple[int, ...], int | None]]:
+    """Each weight's whole shape and the dimension it is cut along in Megatron tensor parallelism (None:
+    replicated). ``example_names``: the parameter names of examples/llama_tp's network (``embed``,
+    ``layers.0.q``, ...), with its learned positions ``pos`` (``seq_len`` rows, replicated); otherwise
+    ``*.weight`` names and no positions. ``ffn`` defaults to LLaMA's 11/4 of ``hidden`` (a multiple of 8)."""
+    ffn = ffn or hidden * 11 // 4 // 8 * 8
+    w = "" if example_names else ".weight"
+    shapes: dict[str, tuple[tuple[int, ...], int | None]] = {"embed" + w: ((vocab, hidden), 0)}
+    if example_names:
+        shapes["pos"] = ((seq_len or 64, hidden), None)
     for i in range(layers):
         p = f"layers.{i}."
-        shapes.update({p + "attn_norm.weight": ((hidden,), None), p + "q.weight": ((hidden, hidden), 0),
-                       p + "k.weight": ((hidden, hidden), 0), p + "v.weight": ((hidden, hidden), 0),
-                       p + "o.weight": ((hidden, hidden), 1), p + "ffn_norm.weight": ((hidden,), None),
-                       p + "gate.weight": ((ffn, hidden), 0), p + "up.weight": ((ffn, hidden), 0),
-                       p + "down.weight": ((hidden, ffn), 1)})
-    shapes.update({"norm.weight": ((hidden,), None), "head.weight": ((vocab, hidden), 0)})
+        shapes.update({p + "attn_norm.weight": ((hidden,), None), p + "q" + w: ((hidden, hidden), 0),
+                       p + "k" + w: ((hidden, hidden), 0), p + "v" + w: ((hidden, hidden), 0),
+                       p + "o" + w: ((hidden, hidden), 1), p + "ffn_norm.weight": ((hidden,), None),
+                       p + "gate" + w: ((ffn, hidden), 0), p + "up" + w: ((ffn, hidden), 0),
+                       p + "down" + w: ((hidden, ffn), 1)})
+    shapes.update({"norm.weight": ((hidden,), None), "head" + w: ((vocab, hidden), 0)})
+    return shapes
+
+
+def llama_weights(hidden: int, layers: int, vocab: int, seed: int = 0, **shape_options
+                  ) -> tuple[dict[str, np.ndarray], dict[str, int | None]]:
+    """The weights (standard normal fp32) and the dimension each is cut along (llama_shapes)."""
+    rng = np.random.default_rng(seed)
+    shapes = llama_shapes(hidden, layers, vocab, **shape_options)
     weights = {n: rng.standard_normal(s).astype(np.float32) for n, (s, _) in shapes.items()}
     return weights, {n: d for n, (_, d) in shapes.items()}
 
