@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -40,7 +41,8 @@ log = logging.getLogger("evald.group")
 
 ENV_WORKER = "EVALD_GROUP_WORKER"            # set by the launcher: this process is a worker (or scheduler)
 ENV_EXIT_FILE = "EVALD_GROUP_EXIT_FILE"      # where rank 0 leaves its exit code for the launcher
-WATCH_INTERVAL_S = 0.5                        # how often the launcher notes which eval ranks are alive
+WATCH_INTERVAL_S = 0.05                       # how often the launcher checks that the known eval ranks live
+SCAN_INTERVAL_S = 1.0                         # how often it looks for eval ranks it has not seen yet
 DEFAULT_COMM_TIMEOUT_S = "600"               # CPU collectives otherwise fail after 30 s of waiting
 MSRUN = "import sys; from mindspore.parallel.cluster.run import main; sys.argv[0] = 'msrun'; sys.exit(main())"
 
@@ -184,6 +186,18 @@ def eval_ranks(found: Sequence[WorkerProcess]) -> dict[int, tuple[int, int]]:
     return {process.pid: (process.rank, process.pid) for process in found if process.parent not in pids}
 
 
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone, or a zombie its parent (msrun) has not reaped yet. One read
+    of /proc/PID/stat, cheap enough for every WATCH_INTERVAL_S: msrun ends the other ranks about half a
+    second after one dies, so the launcher must see the first one end before they do."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2:][:1] in (b"Z", b"X")
+
+
 def first_gone(seen: dict[int, tuple[int, int]], alive: dict[int, tuple[int, int]],
                already: tuple[int, int] | None) -> tuple[int, int] | None:
     """The (rank, pid) of the first eval rank that ended: ``already`` if known, else the lowest rank among
@@ -234,28 +248,40 @@ class _Forwarder:
 
     def wait(self) -> int:
         """msrun's exit code; meanwhile, which eval rank ended first (``first_gone``: msrun ends the others
-        once one has failed, so the first to go is the one that failed or was killed)."""
+        once one has failed, so the first to go is the one that failed or was killed). The ranks are looked
+        for every SCAN_INTERVAL_S (a walk of msrun's process tree) and each known one checked every
+        WATCH_INTERVAL_S; only the check decides that a rank ended (a failed read of a live process's
+        environment in a scan must not look like its end)."""
+        scanned = float("-inf")
         while True:
             try:
                 rc = self.msrun.wait(timeout=WATCH_INTERVAL_S)
             except subprocess.TimeoutExpired:
-                self._watch_ranks()
+                if time.monotonic() - scanned >= SCAN_INTERVAL_S:
+                    self._scan_ranks()
+                    scanned = time.monotonic()
+                self._check_ranks()
                 continue
             except InterruptedError:  # pragma: no cover - PEP 475 retries, kept for clarity
                 continue
-            self._watch_ranks()
+            self._check_ranks()
             return rc
 
-    def _watch_ranks(self) -> None:
+    def _scan_ranks(self) -> None:
+        """Note the eval ranks not seen before."""
         found = []
         for process in self._workers():
             try:
                 found.append(WorkerProcess(process.pid, process.ppid(), int(process.environ().get("RANK_ID", ""))))
             except Exception:
                 continue
-        alive = eval_ranks(found)
+        for pid, rank in eval_ranks(found).items():
+            if pid not in self.ranks_seen and not process_ended(pid):
+                self.ranks_seen[pid] = rank
+
+    def _check_ranks(self) -> None:
+        alive = {pid: rank for pid, rank in self.ranks_seen.items() if not process_ended(pid)}
         self.first_gone = first_gone(self.ranks_seen, alive, self.first_gone)
-        self.ranks_seen.update(alive)
 
 
 # --- a worker (or msrun's scheduler) -----------------------------------------------------------

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from evald.daemon.eval_group import WorkerProcess, eval_ranks, first_gone
+from evald.daemon.eval_group import WorkerProcess, eval_ranks, first_gone, process_ended
+from tests.harness import wait_for
 
 
 def test_the_first_rank_seen_gone_is_named_and_kept():
@@ -22,3 +23,22 @@ def test_a_ranks_own_child_is_not_a_rank_and_its_end_names_nobody():
     assert seen == {101: (0, 101), 102: (1, 102)}
     assert first_gone(seen, eval_ranks([rank_0, rank_1]), None) is None   # the fork exec'd or ended
     assert first_gone(seen, eval_ranks([rank_0, fork_of_0]), None) == (1, 102)
+
+
+def test_a_killed_rank_has_ended_while_still_a_zombie_msrun_has_not_reaped():
+    """msrun ends the other ranks about half a second after one dies (seen on a real group): the launcher
+    must count the killed rank as ended from its death on, not from msrun reaping it."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not process_ended(child.pid)
+        child.send_signal(signal.SIGKILL)
+        wait_for(lambda: process_ended(child.pid), 10, "the killed child to be a zombie")   # not reaped yet
+        assert open(f"/proc/{child.pid}/stat").read().split(") ")[1][0] == "Z"
+    finally:
+        child.kill()
+        child.wait()
+    assert process_ended(child.pid)
