@@ -6,7 +6,8 @@ holds, with their layouts, as EvaldHook(tensor_layouts=...) writes them) of the 
 Evaluated by 1, 2 and 4 tensor-parallel ranks, each reading only its slices: eval/loss equal across the
 three (rel <= 1e-6) and equal to an in-process single-device evaluation of the assembled weights; a
 benchmark suite (multiple choice and rolling bits per byte) on the same runs: every per-sample
-log-likelihood equal across the three (rel <= 1e-6), every greedy flag identical; and a completion served
+log-likelihood equal across the three (rel <= 1e-6), every greedy flag identical, and the multiple-choice
+ones equal to one device's network in process (rel <= 1e-5, as the loss); and a completion served
 by each (`--serve`, greedy, echo and log-probabilities): the same tokens, log-probabilities equal (rel <= 1e-6).
 """
 
@@ -69,18 +70,27 @@ def _write_tp_parts(ckpt: Path, step: int, weights: dict[str, np.ndarray], degre
                                 slices=specs)
 
 
-def in_process_loss(weights: dict[str, np.ndarray], indices: list[int]) -> float:
-    """One device, PyNative, float64 log-softmax in numpy, its own batching."""
+def _in_process_network(weights: dict[str, np.ndarray]):
+    """The assembled weights in one device's network (degree 1), PyNative."""
     import mindspore as ms
 
     from examples.llama_tp.model import build_model
-    from examples.tiny_lm import data
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     net = build_model(**MODEL, degree=1, rank=0)
     params = dict(net.parameters_and_names())
     for name, array in weights.items():
         params[name].set_data(ms.Tensor(array))
+    return net
+
+
+def in_process_loss(weights: dict[str, np.ndarray], indices: list[int]) -> float:
+    """One device, PyNative, float64 log-softmax in numpy, its own batching."""
+    import mindspore as ms
+
+    from examples.tiny_lm import data
+
+    net = _in_process_network(weights)
     chosen = data.validation_windows(seq_len=64)[np.asarray(indices)]
     total, count = 0.0, 0
     for start in range(0, len(chosen), 5):
@@ -101,6 +111,23 @@ def _responses(run: Path) -> dict[str, list]:
         docs = sorted((json.loads(line) for line in lines), key=lambda d: d["doc_id"])
         found[str(path.relative_to(run))] = [d["resps"] for d in docs]
     return found
+
+
+def in_process_loglikelihood(net, context: str, continuation: str) -> float:
+    """lm-eval's conventions by hand, as tests/unit/pipeline/test_suites.py (trailing whitespace of the context
+    moves to the continuation; left-truncated to max_length + 1; evald's byte tokenizer), float64 sums."""
+    import mindspore as ms
+
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    ctx, cont = list(context.encode()), list(continuation.encode())
+    whole = (ctx + cont)[-65:]
+    logits = net(ms.Tensor(np.asarray([whole[:-1]], np.int32))).asnumpy()[0].astype(np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    targets = np.asarray(whole[1:])
+    return float(np.sum(logp[np.arange(len(targets)), targets][-len(cont):]))
 
 
 def _numbers(responses) -> tuple[list[float], list]:
@@ -186,3 +213,15 @@ def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_o
     indices = json.loads((run_dir(ckpt, tmp_path / "tp1") / "subset.json").read_text())["indices"]
     reference = in_process_loss(weights, indices)
     assert losses[1] == pytest.approx(reference, rel=1e-5), (losses, reference)
+    # the multiple-choice log-likelihoods against one device's network in this process, by hand
+    net = _in_process_network(weights)
+    docs = [json.loads(line) for line in (Path(include) / "data" / "stdlib_next_line.jsonl").read_text().splitlines()]
+    [mc_file] = [name for name in responses[1] if "stdlib_next_line" in name]
+    run = run_dir(ckpt, tmp_path / "tp1")
+    lines = gzip.decompress((run / mc_file).read_bytes()).decode().splitlines()
+    for sample in sorted((json.loads(line) for line in lines), key=lambda d: d["doc_id"])[:4]:
+        doc = docs[sample["doc_id"]]
+        for choice, resp in zip(doc["choices"], sample["resps"]):
+            ll = _numbers(resp)[0][0]
+            want = in_process_loglikelihood(net, doc["context"], choice)
+            assert ll == pytest.approx(want, rel=1e-5), (sample["doc_id"], choice, ll, want)
