@@ -8,7 +8,8 @@ three (rel <= 1e-6) and equal to an in-process single-device evaluation of the a
 benchmark suite (multiple choice and rolling bits per byte) on the same runs: every per-sample
 log-likelihood equal across the three (rel <= 1e-6), every greedy flag identical, and the multiple-choice
 ones equal to one device's network in process (rel <= 1e-5, as the loss); and a completion served
-by each (`--serve`, greedy, echo and log-probabilities): the same tokens, log-probabilities equal (rel <= 1e-6).
+by each (`--serve`, greedy, echo and log-probabilities): the same tokens, log-probabilities equal (rel <= 1e-6),
+and equal to one device's network in process (rel <= 1e-5).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tests.harness import run_dir, scalar_points, wait_for
 pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
 GROUP_TIMEOUT_S = 900
+PROMPT = "import os\nimport"   # served greedily at every degree
 MODEL = {"vocab": 256, "hidden": 64, "layers": 2, "heads": 4, "ffn": 128, "seq_len": 64}
 FACTORIES = ("--model-factory", "examples.llama_tp.model:build_model", "--model-kwargs", json.dumps(MODEL),
              "--data-factory", "examples.tiny_lm.data:validation_windows", "--data-kwargs", '{"seq_len": 64}')
@@ -130,6 +132,25 @@ def in_process_loglikelihood(net, context: str, continuation: str) -> float:
     return float(np.sum(logp[np.arange(len(targets)), targets][-len(cont):]))
 
 
+def in_process_greedy(net, prompt: list[int], new: int) -> list[float]:
+    """The log-probabilities of the prompt's tokens after the first, then of ``new`` greedy tokens."""
+    import mindspore as ms
+
+    def log_probs(tokens: list[int]) -> np.ndarray:
+        logits = net(ms.Tensor(np.asarray([tokens], np.int32))).asnumpy()[0].astype(np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+    tokens = list(prompt)
+    values = [float(v) for v in log_probs(tokens)[np.arange(len(tokens) - 1), tokens[1:]]]
+    for _ in range(new):
+        last = log_probs(tokens)[-1]
+        token = int(np.argmax(last))
+        values.append(float(last[token]))
+        tokens.append(token)
+    return values
+
+
 def _numbers(responses) -> tuple[list[float], list]:
     """The floats (log-likelihoods) of lm-eval's responses, and everything else (greedy flags) as it is."""
     floats, others = [], []
@@ -151,7 +172,7 @@ def _completion(url: str, run: str) -> dict:
 
     with httpx.Client(base_url=url, timeout=300) as client:
         wait_for(lambda: client.get("/health").json().get("ok"), 300, "/health ok")
-        answer = client.post("/v1/completions", json={"model": f"{run}@10", "prompt": "import os\nimport",
+        answer = client.post("/v1/completions", json={"model": f"{run}@10", "prompt": PROMPT,
                                                       "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 2})
     assert answer.status_code == 200, answer.text
     [choice] = answer.json()["choices"]
@@ -225,3 +246,8 @@ def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_o
             ll = _numbers(resp)[0][0]
             want = in_process_loglikelihood(net, doc["context"], choice)
             assert ll == pytest.approx(want, rel=1e-5), (sample["doc_id"], choice, ll, want)
+    # the served completion: the prompt's values and the greedy tokens' of one device's network in process
+    prompt = list(PROMPT.encode())
+    generated = len(served[1]["logprobs"]) - (len(prompt) - 1)
+    assert generated >= 1, served[1]
+    assert np.allclose(served[1]["logprobs"], in_process_greedy(net, prompt, generated), rtol=1e-5, atol=0), served
