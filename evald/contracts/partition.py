@@ -26,8 +26,10 @@ Neither mindspore nor numpy is imported: the trainer's writer and evald both use
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 PARTS_LAYOUT_VERSION = 3
@@ -66,6 +68,26 @@ def group_name(step: int, count: int) -> str:
 def parse_group_name(name: str) -> tuple[int, int] | None:
     match = _GROUP_PATTERN.fullmatch(name)
     return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def source_exists(ckpt_dir: Path, source: str) -> bool:
+    """Whether the entry a ledger step is read from is still in ``ckpt_dir``. A partitioned step's source is
+    its ``group_name``, a glob no entry has: it is there while every one of its parts is."""
+    group = parse_group_name(source)
+    if group is None:
+        return os.path.lexists(Path(ckpt_dir) / source)
+    step, count = group
+    return all(os.path.lexists(Path(ckpt_dir) / part_dir_name(step, index, count)) for index in range(count))
+
+
+def source_left(ckpt_dir: Path, source: str) -> bool:
+    """Whether anything of the entry a ledger step is read from is still in ``ckpt_dir``: for a partitioned
+    step, any one of its parts (each writer rank deletes its own, so one may be gone while another waits)."""
+    group = parse_group_name(source)
+    if group is None:
+        return os.path.lexists(Path(ckpt_dir) / source)
+    step, count = group
+    return any(os.path.lexists(Path(ckpt_dir) / part_dir_name(step, index, count)) for index in range(count))
 
 
 @dataclass(frozen=True)

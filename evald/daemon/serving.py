@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from evald.config import EvaldConfig
+from evald.contracts.partition import source_exists
 from evald.ledger.ledger import EVALUATED, Ledger, Record
 from evald.pipeline.network import Held
 from evald.pipeline.pipeline import ServablePipeline
@@ -142,7 +143,7 @@ class Serving:
         if force or now - self._steps_at >= STEPS_REFRESH_S:
             self._steps_at = now
             self._steps = tuple(row.step for row in self.ledger.steps(EVALUATED)
-                                if (self.ckpt_dir / row.source).exists())
+                                if source_exists(self.ckpt_dir, row.source))
 
     def window_of(self, network: Any) -> tuple[int, str] | None:
         """The served window and where it comes from: serve.max_length, the network's attribute, the suites'."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from evald.contracts.partition import source_exists
 from evald.decisions.decisions import Decisions, Outcome
 from evald.decisions.monitor_targets import parse_suite_monitor
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
@@ -129,7 +130,7 @@ def plan_backfill(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None,
         if row.state in (FAILED, DELETED):
             left_out.append((row.step, f"{row.state} ({row.reason or 'no reason recorded'}): `evald retry "
                                        f"{row.step}` first"))
-        elif not (ckpt_dir / row.source).exists():
+        elif not source_exists(ckpt_dir, row.source):
             left_out.append((row.step, f"its checkpoint {row.source} is no longer in {ckpt_dir}"))
         else:
             covered.append(row)

@@ -432,6 +432,11 @@ class Ledger:
         return [s for (s,) in self._db.execute("SELECT step FROM steps ORDER BY step")]
 
     @durable
+    def step_sources(self) -> list[tuple[int, str]]:
+        """Every step with the entry it is read from, by step (no metrics parsed: the leases read it each second)."""
+        return [(s, src) for s, src in self._db.execute("SELECT step, source FROM steps ORDER BY step")]
+
+    @durable
     def counts(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT state, COUNT(*) FROM steps GROUP BY state").fetchall())
 

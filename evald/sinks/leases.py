@@ -4,7 +4,7 @@ The trainer hook deletes old snapshots to stay within its budget (``keep_last``,
 evald says, in the sticky ``control_state`` it already publishes (evald.contracts.retention,
 docs/wire-protocol.md "Leases"), which steps it still needs (``leases``: queued or being
 evaluated, or with a benchmark suite's cell queued: evald.daemon.suite_turn) and which it has finished with (``released``: evaluated, skipped, failed or deleted,
-whose ``step_N`` directory is still there, the best excepted). The hook deletes only released
+whose ``step_N`` directory, or a part of a partitioned step, is still there, the best excepted). The hook deletes only released
 steps, so a step evald has not heard of is kept too.
 
 Under ``--lag-policy latest`` a queued step older than the newest queued one will be skipped
@@ -26,12 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from evald.contracts import layout
+from evald.contracts.partition import parse_group_name, source_left
 from evald.contracts.retention import MAX_STEP_LIST
 from evald.contracts.wire import ControlState
 from evald.ledger.ledger import EVALUATING, QUEUED, Ledger
 from evald.ledger.requeue import RETRY
 
 REFRESH_S = 1.0
+
+
+def _prunable(source: str) -> bool:
+    """A snapshot the trainer hook prunes: evald's step directory, or a partitioned step's parts (each writer
+    rank deletes its own once released)."""
+    return layout.parse_step_dir_name(source) is not None or parse_group_name(source) is not None
 
 
 class Leases:
@@ -69,14 +76,14 @@ class Leases:
         leases = sorted(set(leases) | cells)
         needed = set(leases)
         released = []
-        for step in self.ledger.step_numbers():
+        for step, source in self.ledger.step_sources():
             if len(released) >= MAX_STEP_LIST:
                 break
             if step in needed or step == best_step or step in self._gone:
                 continue
-            if (self.ckpt_dir / layout.step_dir_name(step)).is_dir():
+            if _prunable(source) and source_left(self.ckpt_dir, source):
                 released.append(step)
             else:
-                self._gone.add(step)  # done with, and no step_N directory (gone, or a foreign file): never again
+                self._gone.add(step)  # done with, and gone or not the hook's to prune (a foreign file): never again
         return {"leases": tuple(leases[:MAX_STEP_LIST]), "released": tuple(released), "best_step": best_step,
                 "lease_s": max(self.lease_s, 3.0 * self.longest_load_s)}

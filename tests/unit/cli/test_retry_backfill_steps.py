@@ -102,3 +102,23 @@ def test_backfill_without_a_suite_queues_the_validation_of_skipped_steps(run, ca
         assert not ledger.get_state(suite_turn.BACKFILL_KEY)
     finally:
         ledger.close()
+
+
+def test_a_partitioned_step_is_covered_by_a_backfill_while_all_its_parts_are_there(tmp_path):
+    """Its ledger source is a glob of its parts' names: read as one path, it was always 'no longer in' the
+    directory, so no partitioned run could be backfilled (nor served unless the network held the step)."""
+    from evald.contracts.partition import group_name, part_dir_name
+
+    ckpt = tmp_path / "ckpt"
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for step in (10, 20):
+        for index in (0, 1):
+            (ckpt / part_dir_name(step, index, 2)).mkdir(parents=True)
+        ledger.admit(name=group_name(step, 2), step=step, kind="parts", found_via="rescan", run_id="r",
+                     commit_time=1.0)
+        ledger.finish(step, EVALUATED, metrics={"eval/loss": 1.0}, identity="v" * 64,
+                      record=Record("eval", step, 1.0, {"eval/loss": 1.0}, {}))
+    (ckpt / part_dir_name(20, 1, 2)).rmdir()
+    plan = suite_turn.plan_backfill(ledger, ckpt, None, None)
+    assert plan.steps == (10,) and [step for step, _ in plan.left_out] == [20], plan
+    ledger.close()

@@ -262,3 +262,32 @@ def test_the_hooks_retention_hears_an_evald_that_only_talks_curve(tmp_path):
     finally:
         retention.close()
         publisher.close()
+
+
+def test_a_partitioned_step_evald_is_done_with_is_released_while_all_its_parts_are_there(tmp_path):
+    """Its ledger source is a glob of its parts' names that no entry has: it used to look gone, so it was never
+    released and the writer ranks kept its parts whatever their budget. Released while any part is left (each
+    rank deletes its own); servable and backfilled only while all are."""
+    import shutil
+
+    from evald.contracts.partition import PartInfo, group_name, part_dir_name, source_exists
+
+    ckpt = tmp_path / "ckpt"
+    for step in (10, 20):
+        for rank in (0, 1):
+            layout.write_checkpoint(ckpt, step, {f"w{rank}": np.zeros(4, np.float32)}, run_id="r",
+                                    part=PartInfo(rank, 2, (0, 1)))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for step in (10, 20):
+        ledger.admit(name=group_name(step, 2), step=step, kind="parts", found_via="rescan", run_id="r",
+                     commit_time=1.0)
+        ledger.finish(step, EVALUATED)
+    assert source_exists(ckpt, group_name(10, 2)) and source_exists(ckpt, layout.step_dir_name(10)) is False
+    leases = Leases(ckpt, ledger, lease_s=60.0)
+    assert leases.fields(lag_policy="all", final_step=None, best_step=None)["released"] == (10, 20)
+    shutil.rmtree(ckpt / part_dir_name(20, 1, 2))      # one rank pruned its part: not servable, still released
+    assert not source_exists(ckpt, group_name(20, 2))  # for the other rank, which prunes its own part
+    assert leases.fields(lag_policy="all", final_step=None, best_step=None)["released"] == (10, 20)
+    shutil.rmtree(ckpt / part_dir_name(20, 0, 2))
+    assert leases.fields(lag_policy="all", final_step=None, best_step=None)["released"] == (10,)
+    ledger.close()
