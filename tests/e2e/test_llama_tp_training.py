@@ -1,16 +1,17 @@
 """The LLaMA-style example trained by a real 4-rank tensor-parallel msrun job on CPU, with EvaldHook
-writing parts (issue 29, item 2), then evaluated by a 2-rank tensor-parallel evald.
+writing parts (issue 29, item 2), then evaluated by 1, 2 and 4 tensor-parallel ranks.
 
 * every rank's training loss equals a single-device replay of the same training (the only
   collective is AllReduce SUM, with Megatron's f/g backward rules);
 * the parts of each snapshot, assembled, equal the replay's whole snapshot of the same step;
-* ``evald --device 0,1 --tensor-parallel 2`` reads only each rank's slices from the TP-4 parts and its
-  eval/loss equals an in-process single-device evaluation of the assembled weights.
+* ``evald --device 0,1[,2,3] --tensor-parallel N`` (N = 2, 4; and one device) reads only each rank's slices
+  from the TP-4 parts; eval/loss, a suite's per-sample log-likelihoods and a served completion are equal
+  across the three and equal to one device's network in process on the assembled weights
+  (tests/e2e/test_tensor_parallel_group.evaluate_at_degrees).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -27,9 +28,8 @@ from evald.contracts.partition import group_name
 from evald.files.recognise import EVALD, PARTS
 from evald.pipeline.swap.tp_load import stored_params
 from evald.files.slices import plan_reads, read_region
-from tests import faults
-from tests.e2e.test_tensor_parallel_group import in_process_loss
-from tests.harness import REPO, base_env, run_dir, scalar_points
+from tests.e2e.test_tensor_parallel_group import evaluate_at_degrees
+from tests.harness import REPO, base_env
 
 pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
 
@@ -51,7 +51,7 @@ def _whole(path: Path, kind: str) -> dict[str, np.ndarray]:
     return out
 
 
-def test_a_tp4_training_job_is_evaluated_by_a_tp2_group(tmp_path, procs):
+def test_a_tp4_training_job_is_evaluated_by_one_two_and_four_tensor_parallel_ranks(tmp_path, procs):
     env = base_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,17 +80,7 @@ def test_a_tp4_training_job_is_evaluated_by_a_tp2_group(tmp_path, procs):
         for name in whole:
             np.testing.assert_allclose(parts[name], whole[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
-    logdir = tmp_path / "tb"
-    evald = faults.start(tmp_path, None, "--ckpt-dir", str(tmp_path / "tp"), "--endpoint", "none", "--device", "0,1",
-                         "--tensor-parallel", "2", "--lag-policy", "all", "--idle-exit-s", "2", "--subset-size", "32",
-                         "--batch-size", "8", "--generation", '{"prompts": 0}', "--logdir", str(logdir),
-                         "--group", json.dumps({"log_dir": str(tmp_path / "msrun")}), name="evald", fast=False)
-    procs.append(evald)
-    assert evald.wait(900) == 0, evald.output()[-4000:]
-    run = run_dir(tmp_path / "tp", logdir)
-    losses = {s: v for s, _, v in scalar_points(run, "eval/loss")}
-    assert sorted(losses) == list(range(EVERY, STEPS + 1, EVERY))
-    indices = json.loads((run / "subset.json").read_text())["indices"]
-    for step, loss in losses.items():
-        reference = in_process_loss(_whole(tmp_path / "tp" / group_name(step, WORKERS), PARTS), indices)
-        assert loss == pytest.approx(reference, rel=1e-5), (step, loss, reference)
+    # evaluated by 1, 2 and 4 tensor-parallel ranks: loss, a suite and a served completion (the last step's)
+    steps = list(range(EVERY, STEPS + 1, EVERY))
+    evaluate_at_degrees(tmp_path, procs, tmp_path / "tp", steps,
+                        _whole(tmp_path / "tp" / group_name(steps[-1], WORKERS), PARTS), factories=())

@@ -166,13 +166,13 @@ def _numbers(responses) -> tuple[list[float], list]:
     return floats, others
 
 
-def _completion(url: str, run: str) -> dict:
-    """A greedy completion of step 10 with the prompt's and the new tokens' log-probabilities."""
+def _completion(url: str, run: str, step: int) -> dict:
+    """A greedy completion of ``step`` with the prompt's and the new tokens' log-probabilities."""
     import httpx
 
     with httpx.Client(base_url=url, timeout=300) as client:
         wait_for(lambda: client.get("/health").json().get("ok"), 300, "/health ok")
-        answer = client.post("/v1/completions", json={"model": f"{run}@10", "prompt": PROMPT,
+        answer = client.post("/v1/completions", json={"model": f"{run}@{step}", "prompt": PROMPT,
                                                       "max_tokens": 6, "temperature": 0, "echo": True, "logprobs": 2})
     assert answer.status_code == 200, answer.text
     [choice] = answer.json()["choices"]
@@ -181,20 +181,23 @@ def _completion(url: str, run: str) -> dict:
             "logprobs": [v for v in logprobs["token_logprobs"] if v is not None]}
 
 
-def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_one_device(tmp_path, procs):
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    weights = _whole_weights()
-    _write_tp_parts(ckpt, 10, weights, 4)
+def evaluate_at_degrees(tmp_path: Path, procs: list, ckpt: Path, steps: list[int], weights: dict[str, np.ndarray],
+                        factories: tuple[str, ...] = FACTORIES, degrees: tuple[int, ...] = (1, 2, 4)) -> None:
+    """Evaluate every step of ``ckpt`` with 1, 2 and 4 tensor-parallel ranks, each run with a suite
+    (multiple choice and rolling bits per byte) and serving; ``weights``: the assembled weights of the last
+    step, which is served. Checks: eval/loss, every per-sample log-likelihood and greedy flag, and the
+    served completion equal across the degrees (rel 1e-6); the last step's loss, its multiple-choice
+    log-likelihoods and the completion equal to one device's network in this process (rel 1e-5)."""
     include = write_benchmarks(tmp_path / "bench", next_line_count=12, bpb_docs_per_set=2)
     config = tmp_path / "evald.toml"
     config.write_text(f'[suites.mc]\ntasks = ["stdlib_next_line", "bpb_email"]\ninclude_path = ["{include}"]\n'
                       f'batch_size = 4\nmax_length = 64\n')
     common = ["--ckpt-dir", str(ckpt), "--endpoint", "none", "--lag-policy", "all", "--serve-forever",
               "--serve", '{"listen": "127.0.0.1:0", "max_length": 64}', "--subset-size", "32", "--batch-size", "8",
-              "--generation", '{"prompts": 0}', "--config", str(config), *FACTORIES]
+              "--generation", '{"prompts": 0}', "--config", str(config), *factories]
+    last = steps[-1]
     losses, responses, served = {}, {}, {}
-    for degree in (1, 2, 4):
+    for degree in degrees:
         devices = ",".join(str(d) for d in range(degree))
         args = ["--device", devices, "--logdir", str(tmp_path / f"tp{degree}"), *common]
         if degree > 1:
@@ -203,42 +206,46 @@ def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_o
                              env={"HF_DATASETS_CACHE": str(tmp_path / "hf")})
         procs.append(evald)
         run = run_dir(ckpt, tmp_path / f"tp{degree}")
-        wait_for(lambda: len(list((run / "samples").rglob("*.jsonl.gz"))) == 2 or evald.popen.poll() is not None,
-                 GROUP_TIMEOUT_S, "the suite's cell", interval=0.5)
+        wait_for(lambda: len(list((run / "samples").rglob("*.jsonl.gz"))) == 2 * len(steps)
+                 or evald.popen.poll() is not None, GROUP_TIMEOUT_S, "the suite's cells", interval=0.5)
         assert evald.popen.poll() is None, evald.output()[-4000:]
-        served[degree] = _completion(json.loads((run / "serve.json").read_text())["url"], run.name)
+        served[degree] = _completion(json.loads((run / "serve.json").read_text())["url"], run.name, last)
         evald.signal(signal.SIGTERM)
         assert evald.wait(GROUP_TIMEOUT_S) == 0, evald.output()[-4000:]
         rows = faults.ledger_rows(ckpt, tmp_path / f"tp{degree}")
-        assert [(r["step"], r["state"]) for r in rows] == [(10, "evaluated")], rows
-        [(step, _, loss)] = scalar_points(run_dir(ckpt, tmp_path / f"tp{degree}"), "eval/loss")
-        losses[degree] = loss
-        responses[degree] = _responses(run_dir(ckpt, tmp_path / f"tp{degree}"))
+        assert [(r["step"], r["state"]) for r in rows] == [(s, "evaluated") for s in steps], rows
+        losses[degree] = {s: v for s, _, v in scalar_points(run, "eval/loss")}
+        responses[degree] = _responses(run)
         if degree > 1:
             assert f"tensor-parallel eval group of {degree} ranks ready" in evald.output()
             worker = (tmp_path / f"ms{degree}" / "worker_1.log").read_text(errors="replace")
             assert f"rank 1 of {degree}: read" in worker   # its slices only (counted in its log line)
-    assert math.isclose(losses[2], losses[1], rel_tol=1e-6) and math.isclose(losses[4], losses[1], rel_tol=1e-6), losses
-    assert len(responses[1]) == 2 and all(responses[d].keys() == responses[1].keys() for d in (2, 4)), responses
-    for name, one in responses[1].items():
-        ones, flags = _numbers(one)
+    one = degrees[0]
+    assert sorted(losses[one]) == steps
+    for degree in degrees[1:]:
+        assert losses[degree].keys() == losses[one].keys() and all(
+            math.isclose(losses[degree][s], losses[one][s], rel_tol=1e-6) for s in steps), losses
+    assert len(responses[one]) == 2 * len(steps) and all(responses[d].keys() == responses[one].keys()
+                                                        for d in degrees), responses
+    for name, values in responses[one].items():
+        ones, flags = _numbers(values)
         assert len(ones) >= 2 and all(math.isfinite(v) for v in ones), name   # 2 bpb documents, 12 questions
-        for degree in (2, 4):
+        for degree in degrees[1:]:
             theirs, their_flags = _numbers(responses[degree][name])
             assert their_flags == flags, (degree, name)
             assert np.allclose(theirs, ones, rtol=1e-6, atol=0), (degree, name, np.max(np.abs(
                 np.asarray(theirs) / np.asarray(ones) - 1)))
-    for degree in (2, 4):
-        assert served[degree]["text"] == served[1]["text"] and served[degree]["tokens"] == served[1]["tokens"]
-        assert np.allclose(served[degree]["logprobs"], served[1]["logprobs"], rtol=1e-6, atol=0), (degree, served)
-    indices = json.loads((run_dir(ckpt, tmp_path / "tp1") / "subset.json").read_text())["indices"]
+    for degree in degrees[1:]:
+        assert served[degree]["text"] == served[one]["text"] and served[degree]["tokens"] == served[one]["tokens"]
+        assert np.allclose(served[degree]["logprobs"], served[one]["logprobs"], rtol=1e-6, atol=0), (degree, served)
+    run = run_dir(ckpt, tmp_path / f"tp{one}")
+    indices = json.loads((run / "subset.json").read_text())["indices"]
     reference = in_process_loss(weights, indices)
-    assert losses[1] == pytest.approx(reference, rel=1e-5), (losses, reference)
-    # the multiple-choice log-likelihoods against one device's network in this process, by hand
+    assert losses[one][last] == pytest.approx(reference, rel=1e-5), (losses, reference)
+    # the last step's multiple-choice log-likelihoods against one device's network in this process, by hand
     net = _in_process_network(weights)
     docs = [json.loads(line) for line in (Path(include) / "data" / "stdlib_next_line.jsonl").read_text().splitlines()]
-    [mc_file] = [name for name in responses[1] if "stdlib_next_line" in name]
-    run = run_dir(ckpt, tmp_path / "tp1")
+    [mc_file] = [name for name in responses[one] if "stdlib_next_line" in name and f"step_{last}." in name]
     lines = gzip.decompress((run / mc_file).read_bytes()).decode().splitlines()
     for sample in sorted((json.loads(line) for line in lines), key=lambda d: d["doc_id"])[:4]:
         doc = docs[sample["doc_id"]]
@@ -248,6 +255,14 @@ def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_o
             assert ll == pytest.approx(want, rel=1e-5), (sample["doc_id"], choice, ll, want)
     # the served completion: the prompt's values and the greedy tokens' of one device's network in process
     prompt = list(PROMPT.encode())
-    generated = len(served[1]["logprobs"]) - (len(prompt) - 1)
-    assert generated >= 1, served[1]
-    assert np.allclose(served[1]["logprobs"], in_process_greedy(net, prompt, generated), rtol=1e-5, atol=0), served
+    generated = len(served[one]["logprobs"]) - (len(prompt) - 1)
+    assert generated >= 1, served[one]
+    assert np.allclose(served[one]["logprobs"], in_process_greedy(net, prompt, generated), rtol=1e-5, atol=0), served
+
+
+def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_one_device(tmp_path, procs):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    weights = _whole_weights()
+    _write_tp_parts(ckpt, 10, weights, 4)
+    evaluate_at_degrees(tmp_path, procs, ckpt, [10], weights)
