@@ -97,6 +97,21 @@ class Rig:
         self.http.stop()
 
 
+class Pipeline:
+    """What Serving needs of evald's pipeline: the compiled network and the checkpoint it holds."""
+
+    tensor_parallel = False
+
+    def __init__(self, network) -> None:
+        self.network = network
+
+    def held(self) -> Held:
+        return Held(10, "d" * 64, Path("step_10"))
+
+    def group_scorer(self, scorer):
+        return scorer
+
+
 class Loop:
     """evald's main thread in miniature: serve queued jobs (swapping between them) until stopped."""
 
