@@ -1,11 +1,14 @@
 """Run the rows of validated Completions on the compiled network through a TokenScorer; the main thread calls this.
 
 A request is ``rows_of`` it: one row per prompt and choice (``n``), in OpenAI's order. ``run_rows`` runs
-a set of rows to their end, each step of generation one ``TokenScorer.score`` call over all rows still
-running: a row's tokens so far plus a placeholder target, so that the last position's top-k (the
-scorer's ``top_k``) is the next token's distribution. The same call gives, at every earlier position,
-the prompt tokens' log-probabilities (``echo``), so lm-eval's ``echo, max_tokens=1`` request is one
-forward pass. The scheduler (evald.serve.schedule) runs a big request's rows in slices of
+a set of rows to their end. On a network that implements cached decoding (``scorer.decoding`` is
+``cached``) each row's last ``window`` tokens are prefilled into a static cache (``TokenScorer.prefill_top``)
+and then each step feeds one token per row (``decode_top``), both returning the next token's top-k (the
+scorer's ``top_k``) computed on the device. Otherwise (the fallback) each step of generation is one
+``TokenScorer.score`` call over all rows still running: a row's tokens so far plus a placeholder target,
+so that the last position's top-k is the next token's distribution. Either way the first pass is a
+``score`` call that gives, at every position, the prompt tokens' log-probabilities (``echo``) and the
+first token of an echo row, so lm-eval's ``echo, max_tokens=1`` request is one forward pass. The scheduler (evald.serve.schedule) runs a big request's rows in slices of
 ``serve.batch_size`` rows; no row's result depends on which rows share its forward passes (the
 scorer's padding invariance) nor on the slice it ran in (each row has its own generator).
 

@@ -37,7 +37,12 @@ API
     cache of the bucket's length, then decodes one token per row per step; any other network runs
     a full forward of the bucket per new token (the fallback). ``scorer.decoding`` says which, and
     the log says it once.
-``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint);
+``scorer.prefill_top(contexts, capacity)`` / ``scorer.decode_top(tokens, positions, cache)``
+    For a CachedDecoder with ``top_k`` > 0 (evald.serve's /v1/completions): up to ``batch_size``
+    contexts prefilled into a new cache of a bucket's length, then one token per row per step; each
+    returns the next token's top k (ids, float32 log-probabilities, as ``score`` computes them) per row.
+``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint; with
+``top_decoding=True`` also prefill_top's and decode_top's graphs);
 ``scorer.compiled_graphs`` counts the (graph, shape) pairs compiled so far;
 ``scorer.stats`` counts requested, real and padded tokens run, for throughput.
 
