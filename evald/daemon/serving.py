@@ -170,9 +170,9 @@ class Serving:
             return
         started = time.monotonic()
         try:
-            scorer = self.pipeline.group_scorer(
-                TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
-                            top_k=max(self.options.sample_top_k, MAX_LOGPROBS)))
+            local = TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
+                                top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
+            scorer = self.pipeline.group_scorer(local)
             scorer.warm_up(generate=False, top_decoding=True)  # every graph compiled now, never at a request or a swap
         except Exception as exc:  # noqa: BLE001 - serving is off, evaluation goes on
             log.debug("the serving scorer failed", exc_info=True)
@@ -185,8 +185,9 @@ class Serving:
         log.info("serving: window %d tokens (from %s), %d graphs compiled in %.1fs (buckets %s); completions: %s",
                  scorer.max_length, window[1], scorer.compiled_graphs, time.monotonic() - started, list(scorer.lengths),
                  "cached (a prefill, then one token per row per step)" if scorer.decoding == "cached" else
-                 f"full-forward (a forward of each row per new token: {type(network).__name__} has no "
-                 f"init_cache/extend)")
+                 "full-forward (a forward of each row per new token: " + (
+                     "a tensor-parallel eval group keeps no cache)" if scorer is not local else
+                     f"{type(network).__name__} has no init_cache/extend)"))
 
     def _unavailable(self, why: str) -> None:
         self.context.unavailable = why

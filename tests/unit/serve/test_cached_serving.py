@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ ms = pytest.importorskip("mindspore")
 from evald.cli.main import parse_config  # noqa: E402
 from evald.config import ServeOptions  # noqa: E402
 from evald.daemon.serving import Serving  # noqa: E402
+from evald.pipeline.group.scoring import GroupScorer  # noqa: E402
 from evald.pipeline.suites.scoring import TokenScorer  # noqa: E402
 from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 from evald.serve import engine  # noqa: E402
@@ -133,6 +135,8 @@ def test_a_network_without_the_interface_serves_with_a_full_forward_per_token(sc
         del full.score
     assert len(choice.tokens) == 7 and len(calls) == 7
     assert not any(shape[0].startswith("top") for shape in full._shapes)
+    group = GroupScorer(SimpleNamespace(size=2), scorers[0], tensor_parallel=True)   # a cache cannot span commands
+    assert (group.cached, group.decoding) == (False, "full-forward")
 
 
 def test_cached_graphs_are_compiled_at_start_and_a_hot_swap_compiles_nothing(network):
