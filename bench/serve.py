@@ -2,6 +2,7 @@
 a steady request load slows evaluations (commit-to-point time), side by side.
 
     .venv/bin/python -m bench.serve [--requests 400] [--clients 4] [--prompts 1,8] [--reps 5]
+    .venv/bin/python -m bench.serve --decode-only [--new-tokens 256] [--decode-rows 1,8] [--reps 3]
 
 Part 1, in one process (the demo GPT, seq_len 64, the real TokenScorer, Runner, Starlette app and
 uvicorn thread; a thread plays evald's main loop): ``--requests`` echo requests (``max_tokens: 0``,
@@ -10,6 +11,13 @@ httpx clients, and the same completions run one after another in process through
 ``evald.serve.engine.run`` (the same scorer, no HTTP, no queue), the two arms alternated ``--reps``
 times. Reported: requests/s and prompt tokens/s of each (medians), the median ratio and its range, and
 the forward passes each arm ran (over HTTP, requests waiting together share passes).
+
+Part 0, generation (``--decode-only`` runs just this): ``--decode-rows`` completions of ``--new-tokens`` tokens
+(63-byte prompts, one request of that many prompts) on the demo GPT with a window of 512, in process through
+``evald.serve.engine.run``, once on the cached decoder (the network's ``init_cache``/``extend``) and once on
+the full-forward fallback (the same weights behind a Cell without them), the two arms alternated
+``--reps`` times, greedy and seeded sampling. Reported: generated tokens/s of each (medians), the
+speed-up, the forward passes and graphs each ran, and whether both gave the same tokens.
 
 Part 2, real processes: a tiny training run (60 steps, a snapshot every 10, a sleep per step so that
 evald is idle between checkpoints) with ``evald --serve`` beside it, once with no client and once
@@ -123,6 +131,56 @@ def part1(requests: int, clients: int, prompts: int, reps: int) -> dict:
             "forward_passes_per_rep_in_process": arms[0][1][1]}
 
 
+def part0(new_tokens: int, rows: int, reps: int) -> dict:
+    """Cached vs full-forward serving of ``rows`` completions of ``new_tokens`` tokens, side by side."""
+    import mindspore as ms
+
+    from evald.pipeline.suites.scoring import TokenScorer
+    from evald.pipeline.suites.tokenizer import ByteTokenizer
+    from evald.serve import engine
+    from evald.serve.requests import Completion, ModelRef
+    from examples.tiny_lm.model import build_model
+    from tests.networks import without_cached_decoding
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    window = 512
+    net = build_model(seq_len=window, seed=3)
+    net.set_train(False)
+    tokenizer = ByteTokenizer()
+    scorers = {}
+    for name, network in (("cached", net), ("full_forward", without_cached_decoding(net))):
+        started = time.perf_counter()
+        scorer = TokenScorer(network, batch_size=8, top_k=40)   # serve.batch_size and sample_top_k's defaults
+        scorer.warm_up(generate=False, top_decoding=True)
+        scorers[name] = (scorer, time.perf_counter() - started)
+    assert scorers["cached"][0].decoding == "cached" and scorers["full_forward"][0].decoding == "full-forward"
+    prompts = tuple(tuple(tokenizer.encode(f"{i:02d}" + PROMPT[2:])) for i in range(rows))
+    out: dict = {"window": window, "rows": rows, "new_tokens": new_tokens, "reps": reps}
+    for mode, temperature, seed in (("greedy", 0.0, None), ("sampled", 0.8, 7)):
+        completion = Completion(ModelRef("bench", None), prompts, max_tokens=new_tokens, temperature=temperature,
+                                top_p=0.95, n=1, stop=(), seed=seed, logprobs=1, echo=False)
+        times: dict[str, list[float]] = {name: [] for name in scorers}
+        made: dict[str, list] = {}
+        passes: dict[str, int] = {}
+        for _ in range(reps):   # alternated, so that a shared machine's drift hits both arms alike
+            for name, (scorer, _) in scorers.items():
+                before, started = scorer.stats.forward_passes, time.perf_counter()
+                choices = engine.run(scorer, tokenizer, completion)
+                times[name].append(time.perf_counter() - started)
+                passes[name] = scorer.stats.forward_passes - before
+                made[name] = [c.tokens for c in choices]
+        tokens = sum(len(t) for t in made["cached"])
+        for name in scorers:
+            out[f"{mode}_{name}_tokens_per_s"] = tokens / statistics.median(times[name])
+            out[f"{mode}_{name}_forward_passes"] = passes[name]
+        out[f"{mode}_tokens"] = tokens
+        out[f"{mode}_speedup_median"] = statistics.median(f / c for f, c in zip(times["full_forward"], times["cached"]))
+        out[f"{mode}_same_tokens"] = made["cached"] == made["full_forward"]
+    for name, (scorer, warm_s) in scorers.items():
+        out[f"{name}_graphs"], out[f"{name}_warm_up_s"] = scorer.compiled_graphs, round(warm_s, 1)
+    return out
+
+
 def _commit_to_point(logdir: Path) -> tuple[list[float], float | None]:
     sys.path.insert(0, str(REPO))
     from evald.cli.status import ReadOnlyLedger
@@ -196,8 +254,15 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--prompts", default="1,8", help="prompts per request (comma-separated runs)")
     parser.add_argument("--reps", type=int, default=5, help="alternated repetitions of the two arms of part 1")
-    parser.add_argument("--skip-e2e", action="store_true", help="part 1 only")
+    parser.add_argument("--skip-e2e", action="store_true", help="parts 0 and 1 only")
+    parser.add_argument("--decode-only", action="store_true", help="part 0 only: cached vs full-forward generation")
+    parser.add_argument("--new-tokens", type=int, default=256, help="part 0: tokens generated per completion")
+    parser.add_argument("--decode-rows", default="1,8", help="part 0: completions per request (comma-separated runs)")
     args = parser.parse_args()
+    for rows in (int(r) for r in args.decode_rows.split(",")):
+        print(json.dumps(part0(args.new_tokens, rows, args.reps)), flush=True)
+    if args.decode_only:
+        return 0
     for prompts in (int(p) for p in args.prompts.split(",")):
         print(json.dumps(part1(args.requests, args.clients, prompts, args.reps)), flush=True)
     if not args.skip_e2e:

@@ -171,10 +171,10 @@ class Serving:
             return
         started = time.monotonic()
         try:
-            scorer = self.pipeline.group_scorer(
-                TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
-                            top_k=max(self.options.sample_top_k, MAX_LOGPROBS)))
-            scorer.warm_up(generate=False)  # every bucket compiled now, never at a request or a swap
+            local = TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
+                                top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
+            scorer = self.pipeline.group_scorer(local)
+            scorer.warm_up(generate=False, top_decoding=True)  # every graph compiled now, never at a request or a swap
         except Exception as exc:  # noqa: BLE001 - serving is off, evaluation goes on
             log.debug("the serving scorer failed", exc_info=True)
             self._unavailable(f"serving is off: the network cannot run a window of {window[0]} tokens (from "
@@ -183,8 +183,12 @@ class Serving:
             return
         self.scorer = scorer
         self.context.window = scorer.max_length
-        log.info("serving: window %d tokens (from %s), %d graphs compiled in %.1fs (buckets %s)", scorer.max_length,
-                 window[1], scorer.compiled_graphs, time.monotonic() - started, list(scorer.lengths))
+        log.info("serving: window %d tokens (from %s), %d graphs compiled in %.1fs (buckets %s); completions: %s",
+                 scorer.max_length, window[1], scorer.compiled_graphs, time.monotonic() - started, list(scorer.lengths),
+                 "cached (a prefill, then one token per row per step)" if scorer.decoding == "cached" else
+                 "full-forward (a forward of each row per new token: " + (
+                     "a tensor-parallel eval group keeps no cache)" if scorer is not local else
+                     f"{type(network).__name__} has no init_cache/extend)"))
 
     def _unavailable(self, why: str) -> None:
         self.context.unavailable = why

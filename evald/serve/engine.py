@@ -1,11 +1,14 @@
 """Run the rows of validated Completions on the compiled network through a TokenScorer; the main thread calls this.
 
 A request is ``rows_of`` it: one row per prompt and choice (``n``), in OpenAI's order. ``run_rows`` runs
-a set of rows to their end, each step of generation one ``TokenScorer.score`` call over all rows still
-running: a row's tokens so far plus a placeholder target, so that the last position's top-k (the
-scorer's ``top_k``) is the next token's distribution. The same call gives, at every earlier position,
-the prompt tokens' log-probabilities (``echo``), so lm-eval's ``echo, max_tokens=1`` request is one
-forward pass. The scheduler (evald.serve.schedule) runs a big request's rows in slices of
+a set of rows to their end. On a network that implements cached decoding (``scorer.decoding`` is
+``cached``) each row's last ``window`` tokens are prefilled into a static cache (``TokenScorer.prefill_top``)
+and then each step feeds one token per row (``decode_top``), both returning the next token's top-k (the
+scorer's ``top_k``) computed on the device. Otherwise (the fallback) each step of generation is one
+``TokenScorer.score`` call over all rows still running: a row's tokens so far plus a placeholder target,
+so that the last position's top-k is the next token's distribution. Either way the first pass is a
+``score`` call that gives, at every position, the prompt tokens' log-probabilities (``echo``) and the
+first token of an echo row, so lm-eval's ``echo, max_tokens=1`` request is one forward pass. The scheduler (evald.serve.schedule) runs a big request's rows in slices of
 ``serve.batch_size`` rows; no row's result depends on which rows share its forward passes (the
 scorer's padding invariance) nor on the slice it ran in (each row has its own generator).
 
@@ -75,8 +78,9 @@ def _finite(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _pick(scores: TokenScores, request: Completion, rng: np.random.Generator) -> tuple[int, float]:
-    ids, values = scores.top_ids[-1], _finite(scores.top_logprobs[-1])   # type: ignore[index]
+def _pick(ids: np.ndarray, values: np.ndarray, request: Completion, rng: np.random.Generator) -> tuple[int, float]:
+    """The next token and its log-probability, from the top-k ``ids`` and their log-probabilities ``values``."""
+    values = _finite(values)
     if request.temperature == 0.0:
         return int(ids[0]), float(values[0])
     scaled = values.astype(np.float64) / request.temperature   # finite: temperature >= requests.MIN_TEMPERATURE
@@ -121,44 +125,99 @@ def _generating(row: Row, window: int) -> bool:
 
 
 def run_rows(scorer: TokenScorer, tokenizer: Tokenizer, rows: Sequence[Row]) -> None:
-    """Run ``rows`` (none run before) to their end: echo values on the first pass, then generation."""
+    """Run ``rows`` (none run before) to their end: echo values on the first pass, then generation, cached
+    when the network is a CachedDecoder (``scorer.decoding``), else a full forward per token."""
     window = scorer.max_length
+    if scorer.cached and scorer.top_k > 0:
+        _finish(rows, window)
+        _score_pass(scorer, tokenizer, rows, [r for r in rows if not r.done and r.request.echo], first=True)
+        _finish(rows, window)
+        _decode_cached(scorer, tokenizer, [r for r in rows if not r.done])
+        return
     first = True
     while True:
-        for r in rows:
-            if not r.done and not _generating(r, window):
-                r.done = True   # finish_reason stays "length"
-        generating = [r for r in rows if not r.done]
-        asked: list[tuple[Row, ScoreRequest, str]] = []
-        for r in generating:   # the last `window` tokens are the inputs; the placeholder's top-k is read
-            fed = r.tokens[-window:]
-            asked.append((r, ScoreRequest(fed[:1], fed[1:] + [PLACEHOLDER]), "next"))
-        if first:   # echo: the prompt's values, from the generation pass when the whole prompt is in it
-            asked += [(r, ScoreRequest(r.tokens[:1], r.tokens[1:]), "echo") for r in rows
-                      if r.request.echo and len(r.choice.prompt) > 1
-                      and (r.done or len(r.choice.prompt) > window)]
-        if not asked:
+        _finish(rows, window)
+        if not _score_pass(scorer, tokenizer, rows, [r for r in rows if not r.done], first):
             break
-        for (r, _, kind), scores in zip(asked, scorer.score([q for _, q, _ in asked])):
-            k = r.request.logprobs or 0
-            if first and r.request.echo and (kind == "echo" or len(r.choice.prompt) <= window):
-                positions = len(r.choice.prompt) - 1
-                r.choice.prompt_logprobs += [float(v) for v in _finite(scores.logprobs[:positions])]
-                r.choice.prompt_top += [_top(scores, i, max(k, 1)) for i in range(positions)]
-            if kind == "next":
-                _advance(r, scores, r.request, tokenizer, k)
         first = False
 
 
-def _advance(row: Row, scores: TokenScores, request: Completion, tokenizer: Tokenizer, k: int) -> None:
-    token, logprob = _pick(scores, request, row.rng)
+def _finish(rows: Sequence[Row], window: int) -> None:
+    for r in rows:
+        if not r.done and not _generating(r, window):
+            r.done = True   # finish_reason stays "length"
+
+
+def _score_pass(scorer: TokenScorer, tokenizer: Tokenizer, rows: Sequence[Row], generating: Sequence[Row],
+                first: bool) -> bool:
+    """One ``scorer.score`` call: the next token of each of ``generating``, and on the ``first`` pass the
+    echo values of ``rows``. False when there was nothing to ask."""
+    window = scorer.max_length
+    asked: list[tuple[Row, ScoreRequest, str]] = []
+    for r in generating:   # the last `window` tokens are the inputs; the placeholder's top-k is read
+        fed = r.tokens[-window:]
+        asked.append((r, ScoreRequest(fed[:1], fed[1:] + [PLACEHOLDER]), "next"))
+    if first:   # echo: the prompt's values, from the generation pass when the whole prompt is in it
+        asked += [(r, ScoreRequest(r.tokens[:1], r.tokens[1:]), "echo") for r in rows
+                  if r.request.echo and len(r.choice.prompt) > 1
+                  and (r.done or len(r.choice.prompt) > window)]
+    if not asked:
+        return False
+    for (r, _, kind), scores in zip(asked, scorer.score([q for _, q, _ in asked])):
+        k = r.request.logprobs or 0
+        if first and r.request.echo and (kind == "echo" or len(r.choice.prompt) <= window):
+            positions = len(r.choice.prompt) - 1
+            r.choice.prompt_logprobs += [float(v) for v in _finite(scores.logprobs[:positions])]
+            r.choice.prompt_top += [_top(scores, i, max(k, 1)) for i in range(positions)]
+        if kind == "next":
+            assert scores.top_ids is not None and scores.top_logprobs is not None
+            _advance(r, scores.top_ids[-1], scores.top_logprobs[-1], tokenizer)
+    return True
+
+
+def _decode_cached(scorer: TokenScorer, tokenizer: Tokenizer, rows: Sequence[Row]) -> None:
+    """Run ``rows`` (each asking for a token) to their end on the cached decoder: each row's last ``window``
+    tokens prefilled into a cache of the shortest bucket that holds what it will feed, then one token per
+    row per step, ``batch_size`` rows at a time (a row's tokens depend on its own prompt only)."""
+    window = scorer.max_length
+    groups: dict[int, list[Row]] = {}
+    for r in rows:   # what a row feeds: its window, then each new token but the last, never past the window
+        fed = min(window, len(r.tokens[-window:]) + r.request.max_tokens - len(r.choice.tokens) - 1)
+        groups.setdefault(scorer.bucket_for(fed), []).append(r)
+    for capacity, members in sorted(groups.items()):
+        members.sort(key=lambda r: len(r.tokens))   # similar lengths share prefill chunks
+        for begin in range(0, len(members), scorer.batch_size):
+            batch = members[begin:begin + scorer.batch_size]
+            contexts = [r.tokens[-window:] for r in batch]
+            ends = [len(c) for c in contexts]          # the position each row's next fed token takes
+            ids, values, cache = scorer.prefill_top(contexts, capacity)
+            while True:
+                for i, r in enumerate(batch):
+                    if not r.done:
+                        _advance(r, ids[i], values[i], tokenizer)
+                _finish(batch, window)
+                live = {i for i, r in enumerate(batch) if not r.done}
+                if not live:
+                    break
+                tokens = [batch[i].tokens[-1] if i in live else 0 for i in range(len(batch))]
+                positions = [ends[i] if i in live else 0 for i in range(len(batch))]
+                ids, values, cache = scorer.decode_top(tokens, positions, cache)
+                for i in live:
+                    ends[i] += 1
+
+
+def _advance(row: Row, ids: np.ndarray, values: np.ndarray, tokenizer: Tokenizer) -> None:
+    """Take ``row``'s next token from the top-k ``ids`` and their log-probabilities ``values``."""
+    request = row.request
+    token, logprob = _pick(ids, values, request, row.rng)
     choice = row.choice
     if token == tokenizer.eos_id:
         choice.finish_reason, row.done = "stop", True
         return
     choice.tokens.append(token)
     choice.logprobs.append(logprob)
-    choice.top.append(_top(scores, len(scores.logprobs) - 1, max(k, 1)))
+    k = max(request.logprobs or 0, 1)
+    choice.top.append([(int(t), float(v)) for t, v in zip(ids[:k], _finite(values[:k]))])
     row.tokens.append(token)
     choice.text = tokenizer.decode(choice.tokens)
     for stop in request.stop:

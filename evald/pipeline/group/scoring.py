@@ -166,6 +166,13 @@ class GroupScorer:
         self.max_length, self.batch_size, self.lengths = local.max_length, local.batch_size, local.lengths
         self.stats = local.stats
         self.top_k = int(getattr(local, "top_k", 0))
+        # A cache lives across calls, and the group runs each call as one command: /v1/completions on a group
+        # generates with a full forward per token (evald.serve.engine reads this), greedy suites as generate does.
+        self.cached = False
+
+    @property
+    def decoding(self) -> str:
+        return "full-forward"
 
     @property
     def compiled_graphs(self) -> int:
@@ -189,8 +196,9 @@ class GroupScorer:
         """One step: the group compiles every graph at once (one WARM command)."""
         yield self.warm_up(generate)
 
-    def warm_up(self, generate: bool = True) -> int:
-        """Every taking part rank compiles its graphs now (WARM); rank 0's count of compiled graphs."""
+    def warm_up(self, generate: bool = True, top_decoding: bool = False) -> int:
+        """Every taking part rank compiles its graphs now (WARM); rank 0's count of compiled graphs.
+        ``top_decoding`` is ignored: serving on a group does not decode with a cache (``cached``)."""
         payload = self._payload(generate=generate)
         self.group.command(WARM, payload)
         statuses, combined = warm_share(self.local, self.group, payload)

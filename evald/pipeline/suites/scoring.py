@@ -37,7 +37,12 @@ API
     cache of the bucket's length, then decodes one token per row per step; any other network runs
     a full forward of the bucket per new token (the fallback). ``scorer.decoding`` says which, and
     the log says it once.
-``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint);
+``scorer.prefill_top(contexts, capacity)`` / ``scorer.decode_top(tokens, positions, cache)``
+    For a CachedDecoder with ``top_k`` > 0 (evald.serve's /v1/completions): up to ``batch_size``
+    contexts prefilled into a new cache of a bucket's length, then one token per row per step; each
+    returns the next token's top k (ids, float32 log-probabilities, as ``score`` computes them) per row.
+``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint; with
+``top_decoding=True`` also prefill_top's and decode_top's graphs);
 ``scorer.compiled_graphs`` counts the (graph, shape) pairs compiled so far;
 ``scorer.stats`` counts requested, real and padded tokens run, for throughput.
 
@@ -129,6 +134,22 @@ class ReadLogProbs(nn.Cell):
             values, ids = ops.topk(logp, self.top_k)                 # (B, T, k)
             return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where)
         return chosen, greedy
+
+
+class ExtendTopK(nn.Cell):
+    """One ``CachedDecoder.extend`` call as a graph returning the top k log-probabilities (float32, as
+    ReadLogProbs computes them) at each row's ``read`` index, their ids and the cache; only (B, k) leaves
+    the device, never (B, vocab)."""
+
+    def __init__(self, network: nn.Cell, top_k: int) -> None:
+        super().__init__()
+        self.network = network
+        self.top_k = top_k
+
+    def construct(self, tokens, start, read, cache):
+        logits, cache = self.network.extend(tokens, start, read, cache)
+        values, ids = ops.topk(ops.log_softmax(logits.astype(np.float32), -1), self.top_k)
+        return values, ids, cache
 
 
 def model_max_length(network: Any) -> int | None:
@@ -267,7 +288,8 @@ class TokenScorer:
         self._next_cell = NextTokenLogits(network, greedy=True)
         self.cached = decodes_with_cache(network)
         self._extend_cell = ExtendStep(network, greedy=True) if self.cached else None
-        for cell in (self._score_cell, self._next_cell, self._extend_cell):
+        self._top_cell = ExtendTopK(network, top_k) if self.cached and top_k > 0 else None
+        for cell in (self._score_cell, self._next_cell, self._extend_cell, self._top_cell):
             if cell is not None:
                 cell.set_train(False)
         self._shapes: set[tuple[Any, ...]] = set()
@@ -305,17 +327,23 @@ class TokenScorer:
         zeros = np.zeros((self.batch_size, self.lengths[0]), np.int32)
         return int(self.network(ms.Tensor(zeros)).shape[-1])
 
-    def warm_up(self, generate: bool = True) -> int:
-        """Compile every bucket's graphs now; the number compiled so far."""
-        for _ in self.warming(generate):
+    def warm_up(self, generate: bool = True, top_decoding: bool = False) -> int:
+        """Compile every bucket's graphs now (with ``top_decoding``, also ``prefill_top``'s and ``decode_top``'s
+        when the network is a CachedDecoder); the number compiled so far."""
+        for _ in self.warming(generate, top_decoding):
             pass
         return self.compiled_graphs
 
-    def warming(self, generate: bool = True) -> Iterator[int]:
+    def warming(self, generate: bool = True, top_decoding: bool = False) -> Iterator[int]:
         """``warm_up`` one graph at a time: each step of the iteration compiles one graph (seconds at LLM
         shapes) and yields the number compiled so far, so that a caller can do other work between two
         (evald validates a checkpoint that arrived meanwhile)."""
         for n in self.lengths:
+            if top_decoding and self._top_cell is not None:
+                _, _, cache = self.prefill_top([[0]], n)
+                yield self.compiled_graphs
+                self.decode_top([0], [0], cache)
+                yield self.compiled_graphs
             rows = self.rows_for(n)
             zeros = np.zeros((rows, n), np.int32)
             self._score_batch(zeros, np.zeros((rows * n, 3), np.int32))
@@ -434,26 +462,14 @@ class TokenScorer:
     def _generate_cached(self, n: int, rows: list, outputs: list[list[int]], eos_id: int | None) -> None:
         """Prefill the contexts in chunks into a cache of n positions, then one token per row per step."""
         batch = self.rows_for(n)
-        chunk = min(n, PREFILL_CHUNK)
-        lengths = np.ones(batch, np.int32)
-        for r, (context, _, _) in enumerate(rows):
-            lengths[r] = len(context)
-            self.stats.real_tokens += len(context)
-        longest = int(lengths[:len(rows)].max())
-        chosen = np.zeros(batch, np.int64)
-        cache = self.network.init_cache(batch, n)
-        for begin in range(0, longest, chunk):
-            tokens = np.zeros((batch, chunk), np.int32)
-            for r, (context, _, _) in enumerate(rows):
-                piece = context[begin:begin + chunk]
-                tokens[r, :len(piece)] = piece
-            read = np.clip(lengths - 1 - begin, 0, chunk - 1).astype(np.int32)
-            best, cache = self._extend(tokens, np.full(batch, begin, np.int32), read, cache)
-            here = (lengths - 1 >= begin) & (lengths - 1 < begin + chunk)
-            chosen[here] = best[here]
+        contexts = [context for context, _, _ in rows]
+        self.stats.real_tokens += sum(len(c) for c in contexts)
+        (chosen,), cache = self._prefill(contexts, batch, n, self._extend)
         active = np.zeros(batch, bool)
         active[:len(rows)] = True
-        ends = lengths.astype(np.int64) - 1
+        ends = np.ones(batch, np.int64)
+        ends[:len(rows)] = [len(c) for c in contexts]
+        ends -= 1
         while True:
             took = self._accept(rows, outputs, chosen, active, ends, n, eos_id)
             if not active.any():
@@ -462,9 +478,33 @@ class TokenScorer:
             for r in took:
                 tokens[r, 0] = outputs[r][-1]
             start = np.minimum(ends, n - 1).astype(np.int32)
-            chosen, cache = self._extend(tokens, start, np.zeros(batch, np.int32), cache)
+            (chosen,), cache = self._extend(tokens, start, np.zeros(batch, np.int32), cache)
 
-    def _extend(self, tokens: np.ndarray, start: np.ndarray, read: np.ndarray, cache: Any) -> tuple[np.ndarray, Any]:
+    def _prefill(self, contexts: Sequence[Sequence[int]], batch: int, n: int,
+                 step: Callable[[np.ndarray, np.ndarray, np.ndarray, Any], tuple[tuple[np.ndarray, ...], Any]]
+                 ) -> tuple[tuple[np.ndarray, ...], Any]:
+        """``contexts`` (at most ``batch``) into a new cache of n positions, in chunks of PREFILL_CHUNK tokens
+        (at most n); ``step``'s outputs for each row at its context's last token, and the cache."""
+        chunk = min(n, PREFILL_CHUNK)
+        lengths = np.ones(batch, np.int32)
+        lengths[:len(contexts)] = [len(c) for c in contexts]
+        cache = self.network.init_cache(batch, n)
+        got: list[np.ndarray] = []
+        for begin in range(0, int(lengths.max()), chunk):
+            tokens = np.zeros((batch, chunk), np.int32)
+            for r, context in enumerate(contexts):
+                piece = context[begin:begin + chunk]
+                tokens[r, :len(piece)] = piece
+            read = np.clip(lengths - 1 - begin, 0, chunk - 1).astype(np.int32)
+            out, cache = step(tokens, np.full(batch, begin, np.int32), read, cache)
+            here = (lengths - 1 >= begin) & (lengths - 1 < begin + chunk)
+            got = got or [np.zeros_like(o) for o in out]
+            for kept, o in zip(got, out):
+                kept[here] = o[here]
+        return tuple(got), cache
+
+    def _extend(self, tokens: np.ndarray, start: np.ndarray, read: np.ndarray,
+                cache: Any) -> tuple[tuple[np.ndarray], Any]:
         import mindspore as ms
 
         assert self._extend_cell is not None
@@ -472,7 +512,39 @@ class TokenScorer:
         self.stats.padded_tokens += tokens.size
         self.stats.forward_passes += 1
         best, cache = self._extend_cell(ms.Tensor(tokens), ms.Tensor(start), ms.Tensor(read), cache)
-        return best.asnumpy(), cache
+        return (best.asnumpy(),), cache
+
+    # -- cached decoding with the top k (evald.serve's /v1/completions) ---------------------------
+    def prefill_top(self, contexts: Sequence[Sequence[int]], capacity: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """Prefill up to ``batch_size`` contexts into a new cache of ``capacity`` positions (one of ``lengths``);
+        (ids (batch_size, k), log-probabilities (batch_size, k), cache): each row's next-token top k after its
+        context (rows past ``len(contexts)`` are padding). Only for a CachedDecoder and ``top_k`` > 0."""
+        if self._top_cell is None or len(contexts) > self.batch_size or capacity not in self.lengths:
+            raise ValueError(f"prefill_top needs a CachedDecoder, top_k > 0, at most {self.batch_size} contexts and "
+                             f"a capacity of {list(self.lengths)}")
+        (values, ids), cache = self._prefill(contexts, self.batch_size, capacity, self._extend_top)
+        return ids, values, cache
+
+    def decode_top(self, tokens: Sequence[int], positions: Sequence[int],
+                   cache: Any) -> tuple[np.ndarray, np.ndarray, Any]:
+        """One token per row (padding past ``len(tokens)``) at its position (below the cache's capacity) into
+        ``prefill_top``'s cache: (ids, log-probabilities, cache), the top k of the next token."""
+        fed = np.zeros((self.batch_size, 1), np.int32)
+        start = np.zeros(self.batch_size, np.int32)
+        fed[:len(tokens), 0], start[:len(positions)] = tokens, positions
+        (values, ids), cache = self._extend_top(fed, start, np.zeros(self.batch_size, np.int32), cache)
+        return ids, values, cache
+
+    def _extend_top(self, tokens: np.ndarray, start: np.ndarray, read: np.ndarray,
+                    cache: Any) -> tuple[tuple[np.ndarray, np.ndarray], Any]:
+        import mindspore as ms
+
+        assert self._top_cell is not None
+        self._shapes.add(("top-extend",) + tokens.shape + tuple(cache.shape))
+        self.stats.padded_tokens += tokens.size
+        self.stats.forward_passes += 1
+        values, ids, cache = self._top_cell(ms.Tensor(tokens), ms.Tensor(start), ms.Tensor(read), cache)
+        return (values.asnumpy(), ids.asnumpy()), cache
 
     def _generate_batch(self, n: int, rows: list, outputs: list[list[int]], eos_id: int | None) -> None:
         """The fallback: a full forward of the (rows, n) buffer per new token."""

@@ -54,7 +54,7 @@ class Rig:
         self.weights = NetworkWeights(self.network)
         self.tokenizer = ByteTokenizer()
         self.scorer = TokenScorer(self.network, batch_size=self.options.batch_size, top_k=self.options.sample_top_k)
-        self.scorer.warm_up(generate=False)
+        self.scorer.warm_up(generate=False, top_decoding=True)   # as evald.daemon.serving does
         self.digests = {step: digest_of(w) for step, w in self.snapshots.items()}
         self._held: Held | None = None
         self.swaps = 0
@@ -95,6 +95,21 @@ class Rig:
 
     def close(self) -> None:
         self.http.stop()
+
+
+class Pipeline:
+    """What Serving needs of evald's pipeline: the compiled network and the checkpoint it holds."""
+
+    tensor_parallel = False
+
+    def __init__(self, network) -> None:
+        self.network = network
+
+    def held(self) -> Held:
+        return Held(10, "d" * 64, Path("step_10"))
+
+    def group_scorer(self, scorer):
+        return scorer
 
 
 class Loop:

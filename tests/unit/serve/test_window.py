@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import queue
-from pathlib import Path
 
 import pytest
 
@@ -16,10 +15,9 @@ httpx = pytest.importorskip("httpx")
 from evald.cli.main import parse_config  # noqa: E402
 from evald.config import ServeOptions  # noqa: E402
 from evald.daemon.serving import Serving  # noqa: E402
-from evald.pipeline.network import Held  # noqa: E402
 from evald.pipeline.suites.scoring import ScoreRequest  # noqa: E402
 from tests.networks import demo_network_in_graph_mode  # noqa: E402
-from tests.unit.serve.rig import Loop, Rig, snapshot  # noqa: E402
+from tests.unit.serve.rig import Loop, Pipeline, Rig, snapshot  # noqa: E402
 
 
 class Bare(ms.nn.Cell):
@@ -31,21 +29,6 @@ class Bare(ms.nn.Cell):
 
     def construct(self, tokens):
         return self.inner(tokens)
-
-
-class Pipeline:
-    """What Serving needs of evald's pipeline: the compiled network and the checkpoint it holds."""
-
-    tensor_parallel = False
-
-    def __init__(self, network) -> None:
-        self.network = network
-
-    def held(self) -> Held:
-        return Held(10, "d" * 64, Path("step_10"))
-
-    def group_scorer(self, scorer):
-        return scorer
 
 
 @pytest.fixture(scope="module")
