@@ -31,8 +31,9 @@ import os
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from evald.config import EvaldConfig
 from evald.contracts.partition import source_exists
@@ -62,6 +63,16 @@ def tokenizer_of(config: EvaldConfig) -> Tokenizer:
     return build_tokenizer(factory_spec(config, "tokenizer"))
 
 
+@dataclass
+class _Warming:
+    """The serving scorer while its graphs are compiled, one per loop turn."""
+    scorer: Any
+    local: TokenScorer
+    window: tuple[int, str]
+    steps: Iterator[int]
+    started: float
+
+
 class Serving:
     def __init__(self, config: EvaldConfig, pipeline: ServablePipeline,
                  events: "queue.Queue[tuple[str, Any]]") -> None:
@@ -88,6 +99,7 @@ class Serving:
         self.stats = ServeStats()
         self.scorer: TokenScorer | None = None
         self._scored_network: Any = None
+        self._warming: _Warming | None = None   # the scorer whose graphs are being compiled, one per turn
         self._window_sources = {"serve.max_length": options.max_length, "the suites' max_length": min(
             (suite.max_length for suite in (config.suites or {}).values() if suite.max_length), default=None)}
         self.ledger: Ledger | None = None
@@ -156,6 +168,12 @@ class Serving:
         return (suites, "the suites' max_length") if suites else None
 
     def _ensure_scorer(self) -> None:
+        """The scorer for the network: made once per network, its graphs compiled one per loop turn (seconds
+        each at LLM shapes; 27 at a window of 512 with cached decoding), so that a checkpoint committed
+        meanwhile is validated between two of them; requests wait (``/health`` not ok) until all are."""
+        if self._warming is not None:
+            self._warm_next()
+            return
         network = self.pipeline.network
         if network is None or network is self._scored_network:
             return
@@ -169,26 +187,44 @@ class Serving:
                               f"\"{self.options.listen}\", \"max_length\": 2048}}') or a suite's max_length, "
                               f"and start evald again. Checkpoints are still evaluated")
             return
-        started = time.monotonic()
         try:
             local = TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
                                 top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
             scorer = self.pipeline.group_scorer(local)
-            scorer.warm_up(generate=False, top_decoding=True)  # every graph compiled now, never at a request or a swap
         except Exception as exc:  # noqa: BLE001 - serving is off, evaluation goes on
-            log.debug("the serving scorer failed", exc_info=True)
-            self._unavailable(f"serving is off: the network cannot run a window of {window[0]} tokens (from "
-                              f"{window[1]}): {str(exc)[:500]}; set serve.max_length to the model's window and "
-                              f"start evald again. Checkpoints are still evaluated")
+            self._scorer_failed(exc, window)
             return
+        # every graph compiled before the first request, never at a request or a swap
+        self._warming = _Warming(scorer, local, window, scorer.warming(generate=False, top_decoding=True),
+                                 time.monotonic())
+
+    def _warm_next(self) -> None:
+        warming = self._warming
+        assert warming is not None
+        try:
+            if next(warming.steps, None) is not None:
+                return
+        except Exception as exc:  # noqa: BLE001 - serving is off, evaluation goes on
+            self._warming = None
+            self._scorer_failed(exc, warming.window)
+            return
+        self._warming = None
+        scorer, local, window = warming.scorer, warming.local, warming.window
         self.scorer = scorer
         self.context.window = scorer.max_length
         log.info("serving: window %d tokens (from %s), %d graphs compiled in %.1fs (buckets %s); completions: %s",
-                 scorer.max_length, window[1], scorer.compiled_graphs, time.monotonic() - started, list(scorer.lengths),
+                 scorer.max_length, window[1], scorer.compiled_graphs, time.monotonic() - warming.started,
+                 list(scorer.lengths),
                  "cached (a prefill, then one token per row per step)" if scorer.decoding == "cached" else
                  "full-forward (a forward of each row per new token: " + (
                      "a tensor-parallel eval group keeps no cache)" if scorer is not local else
-                     f"{type(network).__name__} has no init_cache/extend)"))
+                     f"{type(local.network).__name__} has no init_cache/extend)"))
+
+    def _scorer_failed(self, exc: Exception, window: tuple[int, str]) -> None:
+        log.debug("the serving scorer failed", exc_info=True)
+        self._unavailable(f"serving is off: the network cannot run a window of {window[0]} tokens (from "
+                          f"{window[1]}): {str(exc)[:500]}; set serve.max_length to the model's window and "
+                          f"start evald again. Checkpoints are still evaluated")
 
     def _unavailable(self, why: str) -> None:
         self.context.unavailable = why
@@ -196,7 +232,8 @@ class Serving:
 
     # -- the loop's calls ----------------------------------------------------------------------------
     def pending(self) -> bool:
-        return self.queue.pending()
+        """Work for the next turn at once: queued requests, or the scorer's graphs still to compile."""
+        return self.queue.pending() or self._warming is not None
 
     def between_batches(self) -> None:
         if self.scorer is None or not self.queue.pending() or self.pipeline.tensor_parallel:

@@ -125,7 +125,7 @@ def build_app(ctx: Context) -> Starlette:
             return ctx.unavailable
         if ctx.window is None:
             return ("the evaluation network is not built yet (evald learns the model from --model-factory or "
-                    "the trainer's announcement); try again")
+                    "the trainer's announcement), or serving's graphs are still compiling; try again")
         return None
 
     def window() -> int:

@@ -43,6 +43,14 @@ def _serving(ckpt: Path, steps: list[int], timeout: float = 240) -> tuple[str, s
         return all(f"{run}@{s}" in ids for s in steps)
 
     wait_for(listed, timeout, f"steps {steps} in /v1/models")
+
+    def ready():   # the serving graphs compiled (one per loop turn), as docs/serving.md says to wait for
+        try:
+            return httpx.get(f"{info['url']}/health", timeout=10).json()["ok"]
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, timeout, "/health ok")
     return info["url"], run
 
 
@@ -190,6 +198,9 @@ def test_hostile_and_steady_clients_while_training_every_checkpoint_is_evaluated
         committed = committed_steps(ckpt)
         wait_for(lambda: [s for s, _, _ in scalar_points(run_dir(ckpt), "eval/loss")] == committed, 300,
                  "every checkpoint evaluated while clients keep coming")
+        # the steady clients are answered, hostile ones still coming (serving compiles its graphs one a turn,
+        # beside the evaluations: on a loaded machine a short training may end before 20 answers)
+        wait_for(lambda: len(answers) >= 20, 300, "20 answers to the steady clients")
     finally:
         stop.set()
         for t in threads:

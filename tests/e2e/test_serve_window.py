@@ -33,8 +33,9 @@ def test_a_network_without_a_window(tmp_path, endpoints, procs, finished_trainin
     url = json.loads((run_dir(ckpt) / "serve.json").read_text())["url"]
     run = run_dir(ckpt).name
     with httpx.Client(base_url=url, timeout=120) as client:
-        health = wait_for(lambda: (lambda h: h if h.json()["ok"] == served or "error" in h.json() else None)(
-            client.get("/health")), 120, "/health")
+        # ready (with a window) or off for good (without): not the transient "graphs still compiling"
+        health = wait_for(lambda: (lambda h: h if h.json()["ok"] == served or "serve.max_length" in h.json().get(
+            "error", "") else None)(client.get("/health")), 300, "/health")
         answer = client.post("/v1/completions", json={"model": f"{run}@20", "prompt": "import os", "max_tokens": 0,
                                                       "echo": True, "logprobs": 1})
     if served:

@@ -192,9 +192,9 @@ class GroupScorer:
         assert self._vocab is not None
         return self._vocab
 
-    def warming(self, generate: bool = True) -> Iterator[int]:
+    def warming(self, generate: bool = True, top_decoding: bool = False) -> Iterator[int]:
         """One step: the group compiles every graph at once (one WARM command)."""
-        yield self.warm_up(generate)
+        yield self.warm_up(generate, top_decoding)
 
     def warm_up(self, generate: bool = True, top_decoding: bool = False) -> int:
         """Every taking part rank compiles its graphs now (WARM); rank 0's count of compiled graphs.

@@ -132,3 +132,14 @@ class Loop:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         self.thread.join(10)
+
+
+def until_ready(serving) -> int:
+    """evald's loop turns (``Serving.on_tick``) until the serving scorer's graphs are compiled, one a turn;
+    how many turns it took."""
+    ticks = 0
+    while True:
+        serving.on_tick()
+        ticks += 1
+        if not serving.pending():
+            return ticks

@@ -25,7 +25,7 @@ from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 from evald.serve import engine  # noqa: E402
 from evald.serve.requests import parse_completion  # noqa: E402
 from tests.networks import demo_network_in_graph_mode, without_cached_decoding  # noqa: E402
-from tests.unit.serve.rig import Pipeline, Rig, snapshot  # noqa: E402
+from tests.unit.serve.rig import Pipeline, Rig, snapshot, until_ready  # noqa: E402
 
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, max_prompts=8, max_n=4)
 ATOL = 2e-5   # cached vs full-forward logits (tests/unit/pipeline/test_llm_decoder.py): float rounding only
@@ -166,6 +166,7 @@ def test_the_log_says_once_which_path_serves(network, caplog, forward_only, path
     serving.start()
     try:
         with caplog.at_level(logging.INFO, logger="evald.serve"):
+            until_ready(serving)
             for _ in range(3):
                 serving.on_tick()
         said = [r.getMessage() for r in caplog.records if r.name == "evald.serve" and "completions" in r.getMessage()]

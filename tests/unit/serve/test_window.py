@@ -17,7 +17,7 @@ from evald.config import ServeOptions  # noqa: E402
 from evald.daemon.serving import Serving  # noqa: E402
 from evald.pipeline.suites.scoring import ScoreRequest  # noqa: E402
 from tests.networks import demo_network_in_graph_mode  # noqa: E402
-from tests.unit.serve.rig import Loop, Pipeline, Rig, snapshot  # noqa: E402
+from tests.unit.serve.rig import Loop, Pipeline, Rig, snapshot, until_ready  # noqa: E402
 
 
 class Bare(ms.nn.Cell):
@@ -52,8 +52,9 @@ def _serving(network, *argv: str) -> Serving:
 def test_serve_max_length_or_the_suites_give_the_window_of_a_network_without_one(network, argv, window):
     serving = _serving(network, *argv)
     try:
-        serving.on_tick()
+        ticks = until_ready(serving)
         assert serving.scorer is not None and serving.scorer.max_length == window
+        assert ticks > serving.scorer.compiled_graphs // 2   # its graphs compiled over several turns
         with httpx.Client(base_url=serving.http.url, timeout=60) as client:
             assert client.get("/tokenizer_info").json()["evald"]["window"] == window
             assert client.get("/health").json()["ok"] is True
