@@ -194,7 +194,10 @@ def _offer(endpoint: str, frames: list[bytes], per_s: float) -> tuple[int, float
 
 @pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_train_metrics_at_10k_a_second_keep_the_rss_bounded(tmp_path, procs, endpoints):
-    """The trainer's own kind of message, valid, offered at 10,000 a second for 5 s (issue 12: +94 MB once)."""
+    """The trainer's own kind of message, valid, offered at 10,000 a second for 5 s, twice (issue 12: +94 MB
+    once). The first flood raises the allocator's high-water mark by how much was queued at its peak (37-59 MB
+    here, more on a loaded machine: 51 MB in one CI); what is kept must not grow with the messages, so the
+    second, equal flood may add little."""
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt, run_id=RUN_ID)
     faults.commit(ckpt, 10, run_id=RUN_ID)
@@ -213,13 +216,20 @@ def test_train_metrics_at_10k_a_second_keep_the_rss_bounded(tmp_path, procs, end
     wait_for(lambda: faults.ledger_by_key(ckpt).get(layout.step_dir_name(20), {}).get("state") == "evaluated",
              900, "a checkpoint evaluated after the flood", interval=0.5)
     rss_after = faults.rss_kb(evald.popen.pid)
+    _offer(endpoints["EVALD_ENDPOINT"], frames, 10_000)   # the same flood again
+    faults.commit(ckpt, 30, run_id=RUN_ID)
+    _send(endpoints["EVALD_ENDPOINT"], [faults.committed_notice(ckpt, 30, RUN_ID).encode()])
+    wait_for(lambda: faults.ledger_by_key(ckpt).get(layout.step_dir_name(30), {}).get("state") == "evaluated",
+             900, "a checkpoint evaluated after the second flood", interval=0.5)
+    rss_again = faults.rss_kb(evald.popen.pid)
     steps = raw_scalar_steps(run_dir(ckpt), "train/loss")
     print("TRAIN-METRICS-REPORT", json.dumps({
         "messages": len(frames), "offered_per_s": round(offered_per_s), "taken_by_the_socket": accepted,
         "train_points_written": len(steps), "rss_before_mb": round(rss_before / 1024, 1),
-        "rss_after_mb": round(rss_after / 1024, 1)}))
+        "rss_after_mb": round(rss_after / 1024, 1), "rss_after_the_second_flood_mb": round(rss_again / 1024, 1)}))
     assert evald.popen.poll() is None and offered_per_s > 9_000, offered_per_s
-    assert (rss_after - rss_before) / 1024 < 50
+    assert (rss_after - rss_before) / 1024 < 100                     # a high-water mark, not the messages
+    assert (rss_again - rss_after) / 1024 < 20                       # bounded: the same flood keeps nothing more
     assert steps == sorted(set(steps)) and len(steps) > 0  # each step at most once, in order
     evald.signal(signal.SIGTERM)
     assert evald.wait(120) == 0
