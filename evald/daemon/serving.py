@@ -189,7 +189,8 @@ class Serving:
             return
         try:
             local = TokenScorer(network, max_length=window[0], batch_size=self.options.batch_size,
-                                top_k=max(self.options.sample_top_k, MAX_LOGPROBS))
+                                top_k=max(self.options.sample_top_k, MAX_LOGPROBS),
+                                fork_contexts=False)   # a completion is one row; forks would only add graphs
             scorer = self.pipeline.group_scorer(local)
         except Exception as exc:  # noqa: BLE001 - serving is off, evaluation goes on
             self._scorer_failed(exc, window)

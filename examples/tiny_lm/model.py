@@ -98,7 +98,8 @@ class TinyGPT(nn.Cell):
     def init_cache(self, batch: int, capacity: int):
         return ops.zeros((self.n_layers, 2, batch, self.n_heads, capacity, self.d_head), ms.float32)
 
-    def extend(self, tokens, start, read, cache):
+    def _extend_hidden(self, tokens, start, cache):
+        """The chunk's final hidden states (B, c, d) and the cache with its keys and values written in."""
         b, c = tokens.shape
         capacity = cache.shape[4]
         positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
@@ -108,9 +109,22 @@ class TinyGPT(nn.Cell):
         for i, block in enumerate(self.blocks):
             x, keys, values = block.extend(x, positions, cache[i, 0], cache[i, 1])
             layers.append(ops.stack((keys, values)))
+        return x, ops.stack(layers)
+
+    def extend(self, tokens, start, read, cache):
+        x, cache = self._extend_hidden(tokens, start, cache)
+        b = tokens.shape[0]
         where = read.reshape(b, 1, 1).broadcast_to((b, 1, x.shape[2]))
         last = ops.gather_elements(x, 1, where)                                # (B, 1, d): the head runs here only
-        return self.head(self.ln_f(last)).squeeze(1), ops.stack(layers)
+        return self.head(self.ln_f(last)).squeeze(1), cache
+
+    # -- evald's context forks (evald.pipeline.tasks.generation.CachedScorer) -------------------------
+    def extend_all(self, tokens, start, cache):
+        x, cache = self._extend_hidden(tokens, start, cache)
+        return self.head(self.ln_f(x)), cache
+
+    def cache_rows(self, cache, rows):
+        return ops.gather(cache, rows, 2)                                      # (layers, 2, B, H, C, dh)
 
 
 class LMLoss(nn.Cell):

@@ -176,7 +176,8 @@ def _scorer_for(scorers: dict, evaluator: Evaluator | None, settings: Mapping[st
     if key not in scorers:
         scorers[key] = TokenScorer(evaluator.network, max_length=settings["max_length"],
                                    batch_size=settings["batch_size"], lengths=settings["lengths"],
-                                   top_k=int(settings.get("top_k", 0)))
+                                   top_k=int(settings.get("top_k", 0)),
+                                   fork_contexts=bool(settings.get("fork_contexts", True)))
     return scorers[key]
 
 

@@ -60,19 +60,21 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 from mindspore import nn, ops
 
-from evald.pipeline.tasks.generation import ExtendStep, NextTokenLogits, decodes_with_cache, position_index
+from evald.pipeline.tasks.generation import (ExtendStep, NextTokenLogits, decodes_with_cache, position_index,
+                                             scores_with_cache)
 
 log = logging.getLogger("evald.pipeline.suites.scoring")
 
 _LENGTH_ATTRIBUTES = ("max_length", "seq_length", "seq_len", "max_position_embeddings", "max_seq_len")
 _VOCAB_ATTRIBUTES = ("vocab_size", "n_vocab", "vocabulary_size")
 PREFILL_CHUNK = 256          # tokens per prefill chunk of cached generation (at most the bucket's length)
+FORK_CHUNK = 32              # continuation tokens per call when diverging continuations fork a prefilled context
 LADDER_RATIO = math.sqrt(2)  # consecutive bucket lengths: padding < 42% of a row, 17% on average
 AUTO_MEMORY_SHARE = 0.25     # the share of available memory ``batch_size="auto"`` lets one forward's logits take
 
@@ -150,6 +152,29 @@ class ExtendTopK(nn.Cell):
         logits, cache = self.network.extend(tokens, start, read, cache)
         values, ids = ops.topk(ops.log_softmax(logits.astype(np.float32), -1), self.top_k)
         return values, ids, cache
+
+
+class ForkReads(nn.Cell):
+    """A CachedScorer's prefilled cache forked into rows (``cache_rows``), one chunk of continuation tokens run on
+    each (``extend_all``), and the (R, 3) reads of (row, chunk index, token) gathered on the device as
+    ReadLogProbs gathers them: each read's log-probability, the argmax there and the top k; and the cache."""
+
+    def __init__(self, network: nn.Cell, top_k: int = 0) -> None:
+        super().__init__()
+        self.network = network
+        self.top_k = top_k
+
+    def construct(self, cache, rows, tokens, start, reads):
+        logits, cache = self.network.extend_all(tokens, start, self.network.cache_rows(cache, rows))
+        logits = logits.astype(np.float32)                            # (B, c, V)
+        logp = ops.log_softmax(logits, -1)
+        where = reads[:, :2]
+        chosen = ops.gather_nd(logp, reads)
+        greedy = ops.gather_nd(ops.argmax(logits, -1), where)
+        if self.top_k > 0:
+            values, ids = ops.topk(logp, self.top_k)
+            return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where), cache
+        return chosen, greedy, cache
 
 
 def model_max_length(network: Any) -> int | None:
@@ -254,17 +279,76 @@ def _share_rows(prepared: list) -> tuple[list[_Row], list[tuple[int, int]]]:
     return rows, placement
 
 
+@dataclass
+class _Fork:
+    """Requests whose rows hold the same tokens before their first read (``shared``: the context but its last
+    token) and diverge after it: ``shared`` is prefilled into a cache once and forked into one row per distinct
+    ``chunk`` (the context's last token and the continuation but its last; equal or prefix chunks share a row)."""
+    shared: tuple[int, ...]
+    members: list[int]            # the requests, as indices into the call's requests
+    chunks: list[_Row]            # reads: (index in the chunk, token)
+    placement: list[int]          # each member's chunk
+    capacity: int                 # the bucket whose cache holds shared + every chunk and one position more
+    values: list[dict] = field(default_factory=list)   # per chunk: (index, token) -> the read's values
+
+    def positions(self) -> int:
+        """The cache positions the fork needs: the shared tokens, its longest chunk, and one more. A piece's
+        padding past the capacity is clamped onto its last position (CachedDecoder), which then holds no real
+        token, so no query of a real token attends to it."""
+        return len(self.shared) + max(len(c.tokens) for c in self.chunks) + 1
+
+
+def _forks(prepared: list, piece: int, fit: Callable[[int], int | None]) -> list[_Fork]:
+    """The requests worth forking: sharing everything before their first read with another request whose chunk
+    diverges (no prefix of it), where prefilling the shared tokens once and running each chunk in pieces of
+    ``piece`` tokens runs fewer tokens than a row per chunk; ``fit(positions)`` gives the bucket or None."""
+    by_shared: dict[tuple[int, ...], list[int]] = {}
+    for i, (tokens, _, _, count) in enumerate(prepared):
+        by_shared.setdefault(tuple(int(t) for t in tokens[:len(tokens) - count]), []).append(i)
+    forks = []
+    for shared, members in by_shared.items():
+        if len(members) < 2 or not shared:
+            continue
+        tails = [(p[0][len(p[0]) - p[3]:], p[1][len(p[0]) - p[3]:], 0, p[3]) for p in (prepared[i] for i in members)]
+        chunks, placement = _share_rows(tails)
+        if len(chunks) < 2:      # equal or prefix rows: one row does it (a question's single-token choices)
+            continue
+        fork = _Fork(shared, members, chunks, [row for row, _ in placement], 0)
+        forked = len(shared) + sum(-(-len(c.tokens) // piece) * piece for c in chunks)
+        alone = sum(len(shared) + len(c.tokens) for c in chunks)
+        capacity = fit(fork.positions())
+        if capacity is not None and forked < alone:
+            fork.capacity = capacity
+            forks.append(fork)
+    return forks
+
+
 def shared_rows(requests: Sequence[ScoreRequest], max_length: int) -> list[int]:
     """The input row each of ``requests`` is read from when they are scored in one call (requests that
-    share a row have the same number). Scoring any subset that keeps each row's requests together gives
-    every request the same row, so the same bucket and the same bits (an eval group splits by this)."""
-    _, placement = _share_rows([_prepared(r, max_length) for r in requests])
-    return [row for row, _ in placement]
+    share a row have the same number; so do requests that share everything before their first read, which a
+    CachedScorer may fork from one prefilled cache). Scoring any subset that keeps each number's requests
+    together gives every request the same row, so the same bucket and the same bits (an eval group splits by this)."""
+    prepared = [_prepared(r, max_length) for r in requests]
+    _, placement = _share_rows(prepared)
+    group = list(range(len(prepared)))     # union-find over rows: a row joins the rows its shared tokens join
+
+    def root(row: int) -> int:
+        while group[row] != row:
+            group[row] = group[group[row]]
+            row = group[row]
+        return row
+
+    first: dict[tuple[int, ...], int] = {}
+    for (tokens, _, _, count), (row, _) in zip(prepared, placement):
+        if len(tokens) > count:                # nothing shared before the first read: no fork
+            other = first.setdefault(tuple(int(t) for t in tokens[:len(tokens) - count]), row)
+            group[root(row)] = root(other)
+    return [root(row) for row, _ in placement]
 
 
 class TokenScorer:
     def __init__(self, network: nn.Cell, *, max_length: int | None = None, batch_size: int | str = 8,
-                 lengths: Sequence[int] | None = None, top_k: int = 0) -> None:
+                 lengths: Sequence[int] | None = None, top_k: int = 0, fork_contexts: bool = True) -> None:
         max_length = max_length or model_max_length(network)
         if not max_length:
             raise ValueError(f"cannot tell the longest input of {type(network).__name__}: give max_length "
@@ -289,13 +373,18 @@ class TokenScorer:
         self.cached = decodes_with_cache(network)
         self._extend_cell = ExtendStep(network, greedy=True) if self.cached else None
         self._top_cell = ExtendTopK(network, top_k) if self.cached and top_k > 0 else None
-        for cell in (self._score_cell, self._next_cell, self._extend_cell, self._top_cell):
+        self.fork_contexts = bool(fork_contexts)     # asked for; ``forks``: and the network can
+        self.forks = self.fork_contexts and scores_with_cache(network)
+        self.fork_piece = min(FORK_CHUNK, lengths[0])
+        self._fork_cell = ForkReads(network, top_k) if self.forks else None
+        for cell in (self._score_cell, self._next_cell, self._extend_cell, self._top_cell, self._fork_cell):
             if cell is not None:
                 cell.set_train(False)
         self._shapes: set[tuple[Any, ...]] = set()
         self.stats = ScorerStats()
-        log.info("token scorer: buckets %s, %d tokens per forward; generation: %s", list(self.buckets),
-                 budget, self.decoding)
+        log.info("token scorer: buckets %s, %d tokens per forward; generation: %s; diverging continuations: %s",
+                 list(self.buckets), budget, self.decoding,
+                 "fork one prefilled context" if self.forks else "a row each")
 
     @property
     def decoding(self) -> str:
@@ -348,12 +437,18 @@ class TokenScorer:
             zeros = np.zeros((rows, n), np.int32)
             self._score_batch(zeros, np.zeros((rows * n, 3), np.int32))
             yield self.compiled_graphs
-            if generate and self.cached:
+            if (generate and self.cached) or self.forks:
                 cache = self.network.init_cache(rows, n)
                 chunk = min(n, PREFILL_CHUNK)
                 _, cache = self._extend(np.zeros((rows, chunk), np.int32), np.zeros(rows, np.int32),
                                         np.zeros(rows, np.int32), cache)
                 yield self.compiled_graphs
+                if self.forks:
+                    piece = self.fork_piece
+                    self._fork_batch(cache, np.zeros(rows, np.int32), np.zeros((rows, piece), np.int32),
+                                     np.zeros(rows, np.int32), np.zeros((rows * piece, 3), np.int32))
+                    yield self.compiled_graphs
+            if generate and self.cached:
                 self._extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
                              cache)
                 yield self.compiled_graphs
@@ -364,6 +459,31 @@ class TokenScorer:
     # -- log-probabilities ---------------------------------------------------------------------
     def score(self, requests: Sequence[ScoreRequest]) -> list[TokenScores]:
         prepared = [self._row(r) for r in requests]
+        forks = _forks(prepared, self.fork_piece, self._fork_bucket) if self.forks else []
+        forked = {i: (fork, k) for fork in forks for k, i in enumerate(fork.members)}
+        plain = [i for i in range(len(prepared)) if i not in forked]
+        got = self._score_rows([prepared[i] for i in plain])
+        got_by_request = dict(zip(plain, got))
+        self._score_forks(forks)
+        results = []
+        for i, (tokens, target, truncated, count) in enumerate(prepared):
+            if i in forked:
+                fork, k = forked[i]
+                start = len(tokens) - count
+                values = [fork.values[fork.placement[k]][(p - start, int(target[p]))] for p in range(start, len(tokens))]
+            else:
+                values = got_by_request[i]
+            top_ids = top_lp = None
+            if self.top_k > 0:
+                top_lp = np.stack([g[2] for g in values]).astype(np.float32)
+                top_ids = np.stack([g[3] for g in values]).astype(np.int64)
+            results.append(TokenScores(np.asarray([g[0] for g in values], np.float32),
+                                       np.asarray([g[1] for g in values], bool), top_ids, top_lp, truncated))
+            self.stats.requested_tokens += len(tokens)
+        return results
+
+    def _score_rows(self, prepared: list) -> list[list[tuple]]:
+        """Each request's reads from full-forward rows (equal and prefix rows shared)."""
         rows, placement = self._share(prepared)
         values: list[dict[tuple[int, int], tuple]] = [dict() for _ in rows]
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens))
@@ -377,17 +497,66 @@ class TokenScorer:
             batch.append(i)
         if batch:
             self._run_rows(rows, batch, values)
-        results = []
-        for (tokens, target, truncated, count), (row, _) in zip(prepared, placement):
-            got = [values[row][(p, int(target[p]))] for p in range(len(tokens) - count, len(tokens))]
-            top_ids = top_lp = None
-            if self.top_k > 0:
-                top_lp = np.stack([g[2] for g in got]).astype(np.float32)
-                top_ids = np.stack([g[3] for g in got]).astype(np.int64)
-            results.append(TokenScores(np.asarray([g[0] for g in got], np.float32),
-                                       np.asarray([g[1] for g in got], bool), top_ids, top_lp, truncated))
-            self.stats.requested_tokens += len(tokens)
-        return results
+        return [[values[row][(p, int(target[p]))] for p in range(len(tokens) - count, len(tokens))]
+                for (tokens, target, _, count), (row, _) in zip(prepared, placement)]
+
+    def _fork_bucket(self, positions: int) -> int | None:
+        return next((n for n in self.lengths if positions <= n), None)
+
+    def _score_forks(self, forks: list[_Fork]) -> None:
+        """Each fork's shared tokens prefilled once (up to a bucket's rows of forks at a time), then its chunks
+        run on rows forked from that cache, ``fork_piece`` tokens a call; fills each fork's ``values``."""
+        by_bucket: dict[int, list[_Fork]] = {}
+        for fork in sorted(forks, key=lambda f: len(f.shared)):
+            fork.values = [dict() for _ in fork.chunks]
+            by_bucket.setdefault(fork.capacity, []).append(fork)
+        for n, members in sorted(by_bucket.items()):
+            batch = self.rows_for(n)
+            for begin in range(0, len(members), batch):
+                prefilled = members[begin:begin + batch]
+                _, cache = self._prefill([f.shared for f in prefilled], batch, n, self._extend)
+                self.stats.real_tokens += sum(len(f.shared) for f in prefilled)
+                chunks = [(slot, fork, c) for slot, fork in enumerate(prefilled) for c in range(len(fork.chunks))]
+                for first in range(0, len(chunks), batch):
+                    self._run_fork_chunks(chunks[first:first + batch], cache, batch)
+
+    def _run_fork_chunks(self, chunks: list[tuple[int, _Fork, int]], cache: Any, batch: int) -> None:
+        """Up to ``batch`` chunks, each on a row forked from its slot of the prefilled ``cache``, in pieces."""
+        piece = self.fork_piece
+        rows = np.zeros(batch, np.int32)
+        rows[:len(chunks)] = [slot for slot, _, _ in chunks]
+        longest = max(len(fork.chunks[c].tokens) for _, fork, c in chunks)
+        for begin in range(0, longest, piece):
+            tokens = np.zeros((batch, piece), np.int32)
+            start = np.zeros(batch, np.int32)
+            reads = np.zeros((batch * piece, 3), np.int32)
+            owners: list[tuple[_Fork, int, tuple[int, int]]] = []
+            for r, (_, fork, c) in enumerate(chunks):
+                chunk = fork.chunks[c]
+                part = chunk.tokens[begin:begin + piece]
+                tokens[r, :len(part)] = part
+                start[r] = len(fork.shared) + begin
+                for index, token in chunk.reads:
+                    if begin <= index < begin + piece:
+                        reads[len(owners)] = (r, index - begin, token)
+                        owners.append((fork, c, (index, token)))
+                self.stats.real_tokens += len(part)
+            out, cache = self._fork_batch(cache, rows, tokens, start, reads)
+            rows = np.arange(batch, dtype=np.int32)    # later pieces continue each row's own cache
+            for k, (fork, c, read) in enumerate(owners):
+                top = (out[2][k], out[3][k]) if self.top_k > 0 else (None, None)
+                fork.values[c][read] = (out[0][k], int(out[1][k]) == read[1]) + top
+
+    def _fork_batch(self, cache: Any, rows: np.ndarray, tokens: np.ndarray, start: np.ndarray,
+                    reads: np.ndarray) -> tuple[list[np.ndarray], Any]:
+        import mindspore as ms
+
+        assert self._fork_cell is not None
+        self._shapes.add(("fork",) + tokens.shape + tuple(cache.shape))
+        self.stats.padded_tokens += tokens.size
+        self.stats.forward_passes += 1
+        *out, cache = self._fork_cell(cache, ms.Tensor(rows), ms.Tensor(tokens), ms.Tensor(start), ms.Tensor(reads))
+        return [t.asnumpy() for t in out], cache
 
     @staticmethod
     def _share(prepared: list) -> tuple[list[_Row], list[tuple[int, int]]]:

@@ -51,8 +51,30 @@ class CachedDecoder(Protocol):
     def extend(self, tokens: Any, start: Any, read: Any, cache: Any) -> tuple[Any, Any]: ...
 
 
+@runtime_checkable
+class CachedScorer(CachedDecoder, Protocol):
+    """A CachedDecoder that also scores a chunk at every position, so that continuations that share a context
+    but diverge after it run the context once (evald.pipeline.suites.scoring forks one prefilled cache).
+
+    ``extend_all(tokens, start, cache)`` is ``extend`` with the head at every chunk position: it returns the
+    (B, c, vocab) logits and the updated cache. ``cache_rows(cache, rows)`` returns a cache of ``len(rows)``
+    rows whose row b is ``cache``'s row ``rows[b]`` ((B,) int32; a row may be taken several times), in the
+    network's own cache layout. The logits must be those of the full forward at the same positions (up to
+    float rounding). Reference: examples/tiny_lm/model.py, examples/llm_decoder/model.py.
+    """
+
+    def extend_all(self, tokens: Any, start: Any, cache: Any) -> tuple[Any, Any]: ...
+
+    def cache_rows(self, cache: Any, rows: Any) -> Any: ...
+
+
 def decodes_with_cache(network: nn.Cell) -> bool:
     return isinstance(network, CachedDecoder)
+
+
+def scores_with_cache(network: nn.Cell) -> bool:
+    """Whether continuations after a shared context can fork one prefilled cache (``CachedScorer``)."""
+    return isinstance(network, CachedScorer)
 
 
 class ExtendStep(nn.Cell):

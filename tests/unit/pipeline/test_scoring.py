@@ -85,7 +85,7 @@ def test_greedy_flags_and_top_k_are_consistent(scorer):
 def test_generate_is_greedy_stops_and_never_recompiles(scorer):
     compiled = scorer.compiled_graphs
     assert scorer.decoding == "cached"
-    assert compiled == 3 * len(scorer.lengths)  # score, prefill chunk and decode step per bucket, at warm-up
+    assert compiled == 4 * len(scorer.lengths)  # score, prefill chunk, fork and decode step per bucket, at warm-up
     context = _tokens(12, 9)
     out = scorer.generate([GenerateRequest(context, 6)])[0]
     assert len(out) == 6

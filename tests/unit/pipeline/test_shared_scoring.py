@@ -89,7 +89,7 @@ def test_sample_generator_cached_equals_full_forward(network):
 
 def test_graphs_are_a_fixed_set_and_a_hot_swap_compiles_none(network, scorer):
     compiled = scorer.compiled_graphs
-    assert compiled == 3 * len(scorer.lengths)
+    assert compiled == 4 * len(scorer.lengths)   # per bucket: scoring, a prefill chunk, a fork, a decode step
     lengths = {n for _, n in scorer.buckets}
     assert lengths == set(scorer.lengths)
     params = {n: p for n, p in network.parameters_and_names()}
@@ -102,6 +102,7 @@ def test_graphs_are_a_fixed_set_and_a_hot_swap_compiles_none(network, scorer):
         for n in (2, 17, 33, 47, 63, 90):
             scorer.score([ScoreRequest(_tokens(n, n), [1, 2])])
             scorer.generate([GenerateRequest(_tokens(n, n), 5)])
+            scorer.score([ScoreRequest(_tokens(n, n), _tokens(n + c, 2 + c)) for c in range(3)])   # forks
         assert not np.array_equal(before, scorer.score([request])[0].logprobs)
     finally:
         params["head.bias"].set_data(ms.Tensor(old))
@@ -121,3 +122,34 @@ def test_the_ladder_bounds_padding_and_auto_fits_memory():
     assert auto_budget(net, 64, available_bytes=10**12) == 64 * 64    # nor above 64 of them
     with pytest.raises(ValueError, match="vocabulary size"):
         auto_budget(build_model(seq_len=64, seed=1), 64)
+
+
+def test_diverging_continuations_fork_one_prefilled_context(network, scorer):
+    """Multi-token choices that share a context and diverge after it (no choice a prefix of another) run the
+    context once: prefilled into a cache that each choice's row forks (CachedScorer); each scores as alone."""
+    assert scorer.forks
+    requests = []
+    for q in range(3):       # a question: a 45-55 token context and 4 diverging 2-5 token choices
+        context = _tokens(100 + q, 45 + 5 * q)
+        requests += [ScoreRequest(context, _tokens(200 + 10 * q + c, 2 + c)) for c in range(4)]
+    requests.append(ScoreRequest(_tokens(300, 30), _tokens(301, 3)))        # alone: a row of its own
+    before = scorer.stats.real_tokens, scorer.stats.requested_tokens, scorer.compiled_graphs
+    together = scorer.score(requests)
+    real = scorer.stats.real_tokens - before[0]
+    requested = scorer.stats.requested_tokens - before[1]
+    shared = sum(45 + 5 * q - 1 for q in range(3))
+    assert real <= requested - 3 * shared + 3 * 32   # each context ran once (and the chunks in pieces)
+    assert scorer.compiled_graphs == before[2]       # forks run in graphs compiled at warm-up
+    for request, got in zip(requests, together):
+        alone = scorer.score([request])[0]           # one request: a full-forward row
+        np.testing.assert_allclose(got.logprobs, alone.logprobs, rtol=1e-6, atol=0)
+        assert got.greedy.tolist() == alone.greedy.tolist() and got.truncated == alone.truncated
+
+
+def test_a_network_without_the_fork_interface_scores_each_row(network, fallback):
+    assert not fallback.forks and fallback._fork_cell is None
+    context = _tokens(100, 40)
+    requests = [ScoreRequest(context, _tokens(200 + c, 2 + c)) for c in range(4)]
+    before = fallback.stats.real_tokens
+    fallback.score(requests)
+    assert fallback.stats.real_tokens - before == sum(len(context) + 1 + c for c in range(4))

@@ -53,7 +53,8 @@ class Rig:
     def __post_init__(self) -> None:
         self.weights = NetworkWeights(self.network)
         self.tokenizer = ByteTokenizer()
-        self.scorer = TokenScorer(self.network, batch_size=self.options.batch_size, top_k=self.options.sample_top_k)
+        self.scorer = TokenScorer(self.network, batch_size=self.options.batch_size, top_k=self.options.sample_top_k,
+                                  fork_contexts=False)   # as evald.daemon.serving builds it
         self.scorer.warm_up(generate=False, top_decoding=True)   # as evald.daemon.serving does
         self.digests = {step: digest_of(w) for step, w in self.snapshots.items()}
         self._held: Held | None = None

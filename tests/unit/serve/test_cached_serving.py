@@ -40,7 +40,7 @@ def network():
 @pytest.fixture(scope="module")
 def scorers(network):
     """The same weights behind the cached decoder and behind the full-forward fallback."""
-    cached = TokenScorer(network, batch_size=OPTIONS.batch_size, top_k=OPTIONS.sample_top_k)
+    cached = TokenScorer(network, batch_size=OPTIONS.batch_size, top_k=OPTIONS.sample_top_k, fork_contexts=False)
     full = TokenScorer(without_cached_decoding(network), batch_size=OPTIONS.batch_size, top_k=OPTIONS.sample_top_k)
     assert (cached.decoding, full.decoding) == ("cached", "full-forward")
     return cached, full
