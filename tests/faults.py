@@ -6,6 +6,7 @@ In-process helpers (numpy, safetensors, sqlite, zmq only; no mindspore):
   real names and shapes (made once by a subprocess, cached as .npz), so evald
   can evaluate checkpoints committed without any training.
 * ``announce`` / ``commit``: RUN.json and evald-layout checkpoints.
+* ``demo_suite_config``: evald's resolved configuration for the demo model with one small benchmark suite.
 * ``start`` (evald with small, fast settings), ``ledger_rows``, ``tb_texts``,
   ``event_file_records`` (CRC-checked TFRecord walk: is the last record whole?),
   ``rss_kb``, ``Pusher``/``push`` (real wire messages over a ZeroMQ PUSH socket).
@@ -40,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
@@ -50,6 +51,9 @@ if str(REPO) not in sys.path:
 
 from evald.contracts import layout, wire  # noqa: E402
 from tests.harness import PYTHON, Proc, base_env, event_files, ledger_tag, run_dir, start_evald  # noqa: E402
+
+if TYPE_CHECKING:
+    from evald.config import ResolvedConfig
 
 SEQ_LEN = 64
 MODEL_FACTORY = wire.FactorySpec("examples.tiny_lm.model:build_model", {"seq_len": SEQ_LEN}, str(REPO))
@@ -107,6 +111,27 @@ def commit(ckpt_dir: Path, step: int, weights: dict[str, np.ndarray] | None = No
 
 def weights_path(ckpt_dir: Path, step: int) -> Path:
     return Path(ckpt_dir) / layout.step_dir_name(step) / layout.WEIGHTS_FILE
+
+
+# ================================================================ configuration
+
+def demo_suite_config(tmp: Path) -> "ResolvedConfig":
+    """evald's configuration, as ``parse_config`` resolves it, for the demo model and data factories with one
+    suite ``mc`` (8 documents of the demo's ``stdlib_next_line`` task, written under TMP/bench) and
+    small evaluations (16 windows, no generation); TMP/evald.toml is its config file."""
+    from evald.cli.main import parse_config
+    from examples.tiny_lm.benchmarks import write_benchmarks
+
+    include = write_benchmarks(Path(tmp) / "bench", next_line_count=24, bpb_docs_per_set=1)
+    config = Path(tmp) / "evald.toml"
+    config.write_text('tokenizer_factory = "examples.tiny_lm.benchmarks:build_tokenizer"\nsubset_size = 16\n'
+                      'batch_size = 16\n[generation]\nprompts = 0\n'
+                      f'[suites.mc]\ninclude_path = [{json.dumps(include)}]\ntasks = ["stdlib_next_line"]\n'
+                      'limit = 8\nbatch_size = 4\n')
+    return parse_config(["--config", str(config), "--model-factory", MODEL_FACTORY.target,
+                         "--model-kwargs", json.dumps(dict(MODEL_FACTORY.kwargs)),
+                         "--data-factory", DATA_FACTORY.target,
+                         "--data-kwargs", json.dumps(dict(DATA_FACTORY.kwargs))], environ={})
 
 
 # ================================================================ corruption

@@ -5,25 +5,12 @@ Pipeline, the demo model and its benchmark tasks, in this process."""
 
 from __future__ import annotations
 
-import json
-
-from evald.cli.main import parse_config
 from evald.pipeline.pipeline import Pipeline
-from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
 
 
 def test_each_call_compiles_at_most_one_graph_and_the_suite_is_ready_after_its_last(tmp_path, graph_mode):
-    include = write_benchmarks(tmp_path / "bench", next_line_count=24, bpb_docs_per_set=1)
-    config = tmp_path / "evald.toml"
-    config.write_text('tokenizer_factory = "examples.tiny_lm.benchmarks:build_tokenizer"\nsubset_size = 16\n'
-                      'batch_size = 16\n[generation]\nprompts = 0\n'
-                      f'[suites.mc]\ninclude_path = [{json.dumps(include)}]\ntasks = ["stdlib_next_line"]\n'
-                      'limit = 8\nbatch_size = 4\n')
-    resolved = parse_config(["--config", str(config), "--model-factory", faults.MODEL_FACTORY.target,
-                             "--model-kwargs", json.dumps(dict(faults.MODEL_FACTORY.kwargs)),
-                             "--data-factory", faults.DATA_FACTORY.target,
-                             "--data-kwargs", json.dumps(dict(faults.DATA_FACTORY.kwargs))], environ={})
+    resolved = faults.demo_suite_config(tmp_path)
     pipeline = Pipeline(should_abort=lambda: False, device_selected=True)
     assert pipeline.ensure_built(resolved.config) and pipeline.suites_pending == ("mc",)
 

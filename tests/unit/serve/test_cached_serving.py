@@ -24,17 +24,12 @@ from evald.pipeline.suites.scoring import TokenScorer  # noqa: E402
 from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 from evald.serve import engine  # noqa: E402
 from evald.serve.requests import parse_completion  # noqa: E402
-from tests.networks import demo_network_in_graph_mode, without_cached_decoding  # noqa: E402
+from tests.networks import without_cached_decoding  # noqa: E402
 from tests.unit.serve.rig import Pipeline, Rig, snapshot, until_ready  # noqa: E402
 
+NETWORK_SEED = 5   # the network fixture's (conftest.py)
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, max_prompts=8, max_n=4)
 ATOL = 2e-5   # cached vs full-forward logits (tests/unit/pipeline/test_llm_decoder.py): float rounding only
-
-
-@pytest.fixture(scope="module")
-def network():
-    with demo_network_in_graph_mode(seed=5) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")
