@@ -10,6 +10,9 @@ measured three ways side by side:
 * ``mc``: 5-shot multiple choice: ``--mc-questions`` contexts of 650 tokens (five shots and a
   question, random ids), 4 single-token choices each, sent as lm-eval's ``loglikelihood`` requests
   (one (context, choice) pair per request, as EvaldLM sends them);
+* ``mcx``: the same with diverging multi-token choices (HellaSwag-like): 4 choices of
+  ``--mc-choice-tokens`` tokens each, none a prefix of another (evald forks one prefilled context per
+  question; the floor prefills each context once and runs each choice once on a copy of its cache);
 * ``bpb``: rolling log-likelihood over ``--bpb-sets`` held-out sets of one 600-token document each,
   cut into windows with lm-eval's own ``get_rolling_token_windows`` + ``make_disjoint_window``
   (as EvaldLM.loglikelihood_rolling does);
@@ -69,13 +72,14 @@ def main(argv: list[str] | None = None) -> dict:
                         "fewer buckets compile faster on a loaded machine)")
     parser.add_argument("--mc-questions", type=int, default=6)
     parser.add_argument("--mc-context", type=int, default=650)
+    parser.add_argument("--mc-choice-tokens", type=int, default=20)
     parser.add_argument("--bpb-sets", type=int, default=10)
     parser.add_argument("--bpb-doc", type=int, default=600)
     parser.add_argument("--gen-contexts", type=int, default=2)
     parser.add_argument("--gen-context", type=int, default=900)
     parser.add_argument("--gen-tokens", type=int, default=256)
     parser.add_argument("--old-gen-tokens", type=int, default=4, help="new tokens the old path generates")
-    parser.add_argument("--workloads", default="mc,bpb,gen")
+    parser.add_argument("--workloads", default="mc,mcx,bpb,gen")
     parser.add_argument("--no-old", action="store_true", help="skip the old path")
     args = parser.parse_args(argv)
 
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     from lm_eval import utils as lm_utils
 
-    from evald.pipeline.suites.scoring import GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
+    from evald.pipeline.suites.scoring import ForkReads, GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
     from evald.pipeline.tasks.generation import ExtendStep
     from examples.llm_decoder.model import build_model
 
@@ -161,6 +165,46 @@ def main(argv: list[str] | None = None) -> dict:
             row["is_greedy_equal_vs_old"] = all(a.is_greedy == b.is_greedy for a, b in zip(mine, theirs))
         report["mc"] = row
         print(json.dumps({"mc": row}), flush=True)
+
+    if "mcx" in workloads:
+        m = args.mc_choice_tokens
+        contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
+        choices = [[ids(m) for _ in range(4)] for _ in contexts]
+        requests = [ScoreRequest(c, k) for c, ks in zip(contexts, choices) for k in ks]
+        scores, seconds, real, padded, compiled = timed(lambda: scorer.score(requests))
+        # the floor: every context prefilled once in one batch at its exact length (but its last token), then
+        # every choice once (the context's last token and the choice but its last) on a copy of its cache
+        g = len(contexts)
+        fork = ForkReads(net)
+        fork.set_train(False)
+        prefix = ms.Tensor(np.asarray([c[:-1] for c in contexts], np.int32))
+        rows = ms.Tensor(np.repeat(np.arange(g), 4).astype(np.int32))
+        chunks = ms.Tensor(np.asarray([[c[-1]] + k[:-1] for c, ks in zip(contexts, choices) for k in ks], np.int32))
+        start = ms.Tensor(np.full(4 * g, args.mc_context - 1, np.int32))
+        reads = ms.Tensor(np.asarray([(r, j, t) for r, k in enumerate(k for ks in choices for k in ks)
+                                      for j, t in enumerate(k)], np.int32))
+        zeros = ms.Tensor(np.zeros(g, np.int32))
+        for _ in range(2):   # the first round compiles both graphs
+            cache = net.init_cache(g, args.mc_context + m)
+            begin = time.perf_counter()
+            _, cache = extend(prefix, zeros, ms.Tensor(np.full(g, args.mc_context - 2, np.int32)), cache)
+            fork(cache, rows, chunks, start, reads)[0].asnumpy()
+            floor = time.perf_counter() - begin
+        needed = g * (args.mc_context - 1) + 4 * g * m
+        row = {"requests": len(requests), "needed_tokens": needed, "evald_s": seconds, "floor_s": floor,
+               "ratio_to_floor": seconds / floor, "evald_tokens_per_s": needed / seconds,
+               "floor_tokens_per_s": needed / floor, "padding_overhead": padded / real - 1,
+               "graphs_compiled_in_run": compiled}
+        if old:
+            subset = requests[:4]
+            old_s = old_time(subset, old_scorer.bucket_for(args.mc_context + m)) * len(requests) / len(subset)
+            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds)
+            theirs = old_scorer.score(subset)
+            row["max_rel_diff_vs_old"] = float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
+                                                   for a, b in zip(scores[:4], theirs)))
+            row["is_greedy_equal_vs_old"] = all(a.is_greedy == b.is_greedy for a, b in zip(scores[:4], theirs))
+        report["mcx"] = row
+        print(json.dumps({"mcx": row}), flush=True)
 
     if "bpb" in workloads:
         windows = []

@@ -74,7 +74,8 @@ log = logging.getLogger("evald.pipeline.suites.scoring")
 _LENGTH_ATTRIBUTES = ("max_length", "seq_length", "seq_len", "max_position_embeddings", "max_seq_len")
 _VOCAB_ATTRIBUTES = ("vocab_size", "n_vocab", "vocabulary_size")
 PREFILL_CHUNK = 256          # tokens per prefill chunk of cached generation (at most the bucket's length)
-FORK_CHUNK = 32              # continuation tokens per call when diverging continuations fork a prefilled context
+FORK_CHUNK = 64              # the longest chunk (context's last token + continuation but its last) a fork runs
+FORK_ROWS = 4                # a fork call runs at least this many rows: a multiple-choice question's choices
 LADDER_RATIO = math.sqrt(2)  # consecutive bucket lengths: padding < 42% of a row, 17% on average
 AUTO_MEMORY_SHARE = 0.25     # the share of available memory ``batch_size="auto"`` lets one forward's logits take
 
@@ -157,7 +158,8 @@ class ExtendTopK(nn.Cell):
 class ForkReads(nn.Cell):
     """A CachedScorer's prefilled cache forked into rows (``cache_rows``), one chunk of continuation tokens run on
     each (``extend_all``), and the (R, 3) reads of (row, chunk index, token) gathered on the device as
-    ReadLogProbs gathers them: each read's log-probability, the argmax there and the top k; and the cache."""
+    ReadLogProbs gathers them: each read's log-probability, the argmax there and the top k. The forked cache
+    stays on the device and is dropped."""
 
     def __init__(self, network: nn.Cell, top_k: int = 0) -> None:
         super().__init__()
@@ -165,7 +167,7 @@ class ForkReads(nn.Cell):
         self.top_k = top_k
 
     def construct(self, cache, rows, tokens, start, reads):
-        logits, cache = self.network.extend_all(tokens, start, self.network.cache_rows(cache, rows))
+        logits, _ = self.network.extend_all(tokens, start, self.network.cache_rows(cache, rows))
         logits = logits.astype(np.float32)                            # (B, c, V)
         logp = ops.log_softmax(logits, -1)
         where = reads[:, :2]
@@ -173,8 +175,8 @@ class ForkReads(nn.Cell):
         greedy = ops.gather_nd(ops.argmax(logits, -1), where)
         if self.top_k > 0:
             values, ids = ops.topk(logp, self.top_k)
-            return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where), cache
-        return chosen, greedy, cache
+            return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where)
+        return chosen, greedy
 
 
 def model_max_length(network: Any) -> int | None:
@@ -300,8 +302,9 @@ class _Fork:
 
 def _forks(prepared: list, piece: int, fit: Callable[[int], int | None]) -> list[_Fork]:
     """The requests worth forking: sharing everything before their first read with another request whose chunk
-    diverges (no prefix of it), where prefilling the shared tokens once and running each chunk in pieces of
-    ``piece`` tokens runs fewer tokens than a row per chunk; ``fit(positions)`` gives the bucket or None."""
+    diverges (no prefix of it), every chunk at most ``piece`` tokens, where prefilling the shared tokens once
+    and running each chunk padded to ``piece`` runs fewer tokens than a row per chunk; ``fit(positions)``
+    gives the bucket or None."""
     by_shared: dict[tuple[int, ...], list[int]] = {}
     for i, (tokens, _, _, count) in enumerate(prepared):
         by_shared.setdefault(tuple(int(t) for t in tokens[:len(tokens) - count]), []).append(i)
@@ -311,10 +314,10 @@ def _forks(prepared: list, piece: int, fit: Callable[[int], int | None]) -> list
             continue
         tails = [(p[0][len(p[0]) - p[3]:], p[1][len(p[0]) - p[3]:], 0, p[3]) for p in (prepared[i] for i in members)]
         chunks, placement = _share_rows(tails)
-        if len(chunks) < 2:      # equal or prefix rows: one row does it (a question's single-token choices)
-            continue
+        if len(chunks) < 2 or max(len(c.tokens) for c in chunks) > piece:
+            continue             # equal or prefix rows: one row does it (a question's single-token choices)
         fork = _Fork(shared, members, chunks, [row for row, _ in placement], 0)
-        forked = len(shared) + sum(-(-len(c.tokens) // piece) * piece for c in chunks)
+        forked = len(shared) + len(chunks) * piece
         alone = sum(len(shared) + len(c.tokens) for c in chunks)
         capacity = fit(fork.positions())
         if capacity is not None and forked < alone:
@@ -444,9 +447,9 @@ class TokenScorer:
                                         np.zeros(rows, np.int32), cache)
                 yield self.compiled_graphs
                 if self.forks:
-                    piece = self.fork_piece
-                    self._fork_batch(cache, np.zeros(rows, np.int32), np.zeros((rows, piece), np.int32),
-                                     np.zeros(rows, np.int32), np.zeros((rows * piece, 3), np.int32))
+                    forked, piece = self.fork_rows(n), self.fork_piece
+                    self._fork_batch(cache, np.zeros(forked, np.int32), np.zeros((forked, piece), np.int32),
+                                     np.zeros(forked, np.int32), np.zeros((forked * piece, 3), np.int32))
                     yield self.compiled_graphs
             if generate and self.cached:
                 self._extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
@@ -500,64 +503,6 @@ class TokenScorer:
         return [[values[row][(p, int(target[p]))] for p in range(len(tokens) - count, len(tokens))]
                 for (tokens, target, _, count), (row, _) in zip(prepared, placement)]
 
-    def _fork_bucket(self, positions: int) -> int | None:
-        return next((n for n in self.lengths if positions <= n), None)
-
-    def _score_forks(self, forks: list[_Fork]) -> None:
-        """Each fork's shared tokens prefilled once (up to a bucket's rows of forks at a time), then its chunks
-        run on rows forked from that cache, ``fork_piece`` tokens a call; fills each fork's ``values``."""
-        by_bucket: dict[int, list[_Fork]] = {}
-        for fork in sorted(forks, key=lambda f: len(f.shared)):
-            fork.values = [dict() for _ in fork.chunks]
-            by_bucket.setdefault(fork.capacity, []).append(fork)
-        for n, members in sorted(by_bucket.items()):
-            batch = self.rows_for(n)
-            for begin in range(0, len(members), batch):
-                prefilled = members[begin:begin + batch]
-                _, cache = self._prefill([f.shared for f in prefilled], batch, n, self._extend)
-                self.stats.real_tokens += sum(len(f.shared) for f in prefilled)
-                chunks = [(slot, fork, c) for slot, fork in enumerate(prefilled) for c in range(len(fork.chunks))]
-                for first in range(0, len(chunks), batch):
-                    self._run_fork_chunks(chunks[first:first + batch], cache, batch)
-
-    def _run_fork_chunks(self, chunks: list[tuple[int, _Fork, int]], cache: Any, batch: int) -> None:
-        """Up to ``batch`` chunks, each on a row forked from its slot of the prefilled ``cache``, in pieces."""
-        piece = self.fork_piece
-        rows = np.zeros(batch, np.int32)
-        rows[:len(chunks)] = [slot for slot, _, _ in chunks]
-        longest = max(len(fork.chunks[c].tokens) for _, fork, c in chunks)
-        for begin in range(0, longest, piece):
-            tokens = np.zeros((batch, piece), np.int32)
-            start = np.zeros(batch, np.int32)
-            reads = np.zeros((batch * piece, 3), np.int32)
-            owners: list[tuple[_Fork, int, tuple[int, int]]] = []
-            for r, (_, fork, c) in enumerate(chunks):
-                chunk = fork.chunks[c]
-                part = chunk.tokens[begin:begin + piece]
-                tokens[r, :len(part)] = part
-                start[r] = len(fork.shared) + begin
-                for index, token in chunk.reads:
-                    if begin <= index < begin + piece:
-                        reads[len(owners)] = (r, index - begin, token)
-                        owners.append((fork, c, (index, token)))
-                self.stats.real_tokens += len(part)
-            out, cache = self._fork_batch(cache, rows, tokens, start, reads)
-            rows = np.arange(batch, dtype=np.int32)    # later pieces continue each row's own cache
-            for k, (fork, c, read) in enumerate(owners):
-                top = (out[2][k], out[3][k]) if self.top_k > 0 else (None, None)
-                fork.values[c][read] = (out[0][k], int(out[1][k]) == read[1]) + top
-
-    def _fork_batch(self, cache: Any, rows: np.ndarray, tokens: np.ndarray, start: np.ndarray,
-                    reads: np.ndarray) -> tuple[list[np.ndarray], Any]:
-        import mindspore as ms
-
-        assert self._fork_cell is not None
-        self._shapes.add(("fork",) + tokens.shape + tuple(cache.shape))
-        self.stats.padded_tokens += tokens.size
-        self.stats.forward_passes += 1
-        *out, cache = self._fork_cell(cache, ms.Tensor(rows), ms.Tensor(tokens), ms.Tensor(start), ms.Tensor(reads))
-        return [t.asnumpy() for t in out], cache
-
     @staticmethod
     def _share(prepared: list) -> tuple[list[_Row], list[tuple[int, int]]]:
         return _share_rows(prepared)
@@ -588,6 +533,65 @@ class TokenScorer:
         self.stats.padded_tokens += inputs.size
         self.stats.forward_passes += 1
         return [t.asnumpy() for t in self._score_cell(ms.Tensor(inputs), ms.Tensor(reads))]
+
+    # -- diverging continuations: one prefilled context forked into a row per chunk (CachedScorer) -------
+    def _fork_bucket(self, positions: int) -> int | None:
+        return next((n for n in self.lengths if positions <= n), None)
+
+    def fork_rows(self, length: int) -> int:
+        """Rows of a fork call into a bucket of ``length``: the bucket's rows, and at least FORK_ROWS, so that a
+        question's choices run in one call (their forked caches hold at most FORK_ROWS x max_length positions)."""
+        return max(self.rows_for(length), FORK_ROWS)
+
+    def _score_forks(self, forks: list[_Fork]) -> None:
+        """Each fork's shared tokens prefilled once (a bucket's rows of forks at a time), then its chunks run on
+        rows forked from that cache, ``fork_rows`` a call; fills each fork's ``values``."""
+        by_bucket: dict[int, list[_Fork]] = {}
+        for fork in sorted(forks, key=lambda f: len(f.shared)):
+            fork.values = [dict() for _ in fork.chunks]
+            by_bucket.setdefault(fork.capacity, []).append(fork)
+        for n, members in sorted(by_bucket.items()):
+            batch = self.rows_for(n)
+            for begin in range(0, len(members), batch):
+                prefilled = members[begin:begin + batch]
+                _, cache = self._prefill([f.shared for f in prefilled], batch, n, self._extend)
+                self.stats.real_tokens += sum(len(f.shared) for f in prefilled)
+                chunks = [(slot, fork, c) for slot, fork in enumerate(prefilled) for c in range(len(fork.chunks))]
+                for first in range(0, len(chunks), self.fork_rows(n)):
+                    self._run_fork_chunks(chunks[first:first + self.fork_rows(n)], cache, self.fork_rows(n))
+
+    def _run_fork_chunks(self, chunks: list[tuple[int, _Fork, int]], cache: Any, rows: int) -> None:
+        """Up to ``rows`` chunks (each at most ``fork_piece`` tokens), each on a row forked from its slot of the
+        prefilled ``cache``, in one call."""
+        piece = self.fork_piece
+        slots = np.zeros(rows, np.int32)
+        tokens = np.zeros((rows, piece), np.int32)
+        start = np.zeros(rows, np.int32)
+        reads = np.zeros((rows * piece, 3), np.int32)
+        owners: list[tuple[_Fork, int, tuple[int, int]]] = []
+        for r, (slot, fork, c) in enumerate(chunks):
+            chunk = fork.chunks[c]
+            slots[r], start[r] = slot, len(fork.shared)
+            tokens[r, :len(chunk.tokens)] = chunk.tokens
+            for index, token in chunk.reads:
+                reads[len(owners)] = (r, index, token)
+                owners.append((fork, c, (index, token)))
+            self.stats.real_tokens += len(chunk.tokens)
+        out = self._fork_batch(cache, slots, tokens, start, reads)
+        for k, (fork, c, read) in enumerate(owners):
+            top = (out[2][k], out[3][k]) if self.top_k > 0 else (None, None)
+            fork.values[c][read] = (out[0][k], int(out[1][k]) == read[1]) + top
+
+    def _fork_batch(self, cache: Any, rows: np.ndarray, tokens: np.ndarray, start: np.ndarray,
+                    reads: np.ndarray) -> list[np.ndarray]:
+        import mindspore as ms
+
+        assert self._fork_cell is not None
+        self._shapes.add(("fork",) + tokens.shape + tuple(cache.shape))
+        self.stats.padded_tokens += tokens.size
+        self.stats.forward_passes += 1
+        return [t.asnumpy() for t in self._fork_cell(cache, ms.Tensor(rows), ms.Tensor(tokens), ms.Tensor(start),
+                                                     ms.Tensor(reads))]
 
     # -- greedy generation ---------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerateRequest], eos_id: int | None = None) -> list[list[int]]:
