@@ -15,6 +15,7 @@ pytest.importorskip("lm_eval")
 from evald.config.options import SuiteOptions  # noqa: E402
 from evald.ledger.samples import read_step, write_samples  # noqa: E402
 from evald.pipeline.suites.runner import SuiteRunner  # noqa: E402
+from evald.pipeline.suites.scoring import TokenScorer  # noqa: E402
 from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 from examples.tiny_lm.benchmarks import write_benchmarks  # noqa: E402
 from tests.networks import demo_network_in_graph_mode  # noqa: E402
@@ -71,6 +72,27 @@ def test_loglikelihoods_equal_an_independent_float32_computation(network, mc):
         for choice, (ll, _greedy) in zip(doc["choices"], sample["resps"]):
             want = _reference_loglikelihood(network, doc["context"], choice)
             assert abs(ll - want) <= 1e-6 * abs(want), (ll, want)
+
+
+def test_forked_contexts_give_the_numbers_of_a_row_per_choice(include, network, mc):
+    """Issue 28: the demo's multiple-choice suite, whose choices are diverging lines of text, forks each
+    question's prefilled context; each sample's log-likelihoods equal those of the engine without forks (a
+    full-forward row per choice, as before forks existed) within rel 1e-6, with identical greedy flags and
+    metrics, and the forks ran fewer tokens."""
+    runner, result = mc
+    assert runner.scorer.forks
+    rows = TokenScorer(network, batch_size=4, fork_contexts=False)
+    plain = SuiteRunner("mc", SuiteOptions(tasks=("stdlib_next_line",), include_path=(include,), limit=24,
+                                           seed=3, batch_size=4), network, ByteTokenizer(), scorer=rows).run()
+    forked_samples = result.tasks["stdlib_next_line"].samples
+    plain_samples = plain.tasks["stdlib_next_line"].samples
+    assert [s["doc_id"] for s in forked_samples] == [s["doc_id"] for s in plain_samples]
+    for forked, alone in zip(forked_samples, plain_samples):
+        assert [g for _, g in forked["resps"]] == [g for _, g in alone["resps"]]
+        for (a, _), (b, _) in zip(forked["resps"], alone["resps"]):
+            assert abs(a - b) <= 1e-6 * abs(b), (a, b)
+        assert forked["metrics"] == alone["metrics"]
+    assert result.tokens < plain.tokens
 
 
 def test_aggregates_equal_those_recomputed_from_the_samples(mc):
