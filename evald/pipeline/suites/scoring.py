@@ -29,6 +29,12 @@ API
     are all read at the last position of one forward over its context. The graph reads the
     requested (row, position, token) log-probabilities on the device (``ReadLogProbs``); rows are
     sorted by length and packed into the shortest bucket that holds them.
+    Diverging continuations (multi-token choices, none a prefix of another) after the same context: for a
+    network that implements ``CachedScorer`` (evald.pipeline.tasks.generation), the context but its last
+    token is prefilled once into a cache, which is forked into one row per choice (``ForkReads``: the
+    context's last token and the choice but its last, at most FORK_CHUNK tokens, all read on the device),
+    when that runs fewer tokens than a row per choice. ``fork_contexts=False`` turns this off (evald.serve,
+    where a completion is one row); ``scorer.forks`` says whether it runs.
 ``scorer.generate([GenerateRequest(context, max_new_tokens, stop), ...], eos_id=None) -> [[int], ...]``
     Greedy continuation of each context, ending a row at ``eos_id``, at ``max_new_tokens``, when
     ``stop(generated_ids)`` is true, or at the bucket's end. Contexts are left-truncated to
@@ -41,7 +47,8 @@ API
     For a CachedDecoder with ``top_k`` > 0 (evald.serve's /v1/completions): up to ``batch_size``
     contexts prefilled into a new cache of a bucket's length, then one token per row per step; each
     returns the next token's top k (ids, float32 log-probabilities, as ``score`` computes them) per row.
-``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint; with
+``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint: per bucket the
+scoring graph, for a CachedDecoder a prefill chunk and a decode step, for forks a prefill chunk and a fork; with
 ``top_decoding=True`` also prefill_top's and decode_top's graphs);
 ``scorer.compiled_graphs`` counts the (graph, shape) pairs compiled so far;
 ``scorer.stats`` counts requested, real and padded tokens run, for throughput.
