@@ -10,7 +10,10 @@ implementing
 * ``extend(tokens, start, read, cache)``: (B, c) tokens at positions ``start[b] + i`` (clamped to
   capacity - 1, so padding never indexes out of range); each layer scatters the chunk's keys and
   values into its cache at those positions and attends every query to the cache's positions up to
-  its own; the head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache).
+  its own; the head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache);
+* ``extend_all(tokens, start, cache)``: the same with the head at every position ((B, c, vocab) logits),
+  and ``cache_rows(cache, rows)``: the cache's rows ``rows`` (evald's context forks,
+  evald.pipeline.tasks.generation.CachedScorer).
 
 The full forward and ``extend`` share every weight and the same per-position arithmetic, so the
 cached logits equal the full forward's up to float rounding (tests/unit/pipeline/test_llm_decoder.py).

@@ -7,7 +7,8 @@ Graph-mode code must live in a .py file, so this module is imported, not pasted.
 ``TinyGPT`` also implements evald's optional cached decoding (``init_cache`` / ``extend``,
 evald.pipeline.tasks.generation.CachedDecoder): a static key/value cache of (layers, 2, B, heads,
 capacity, d_head), written at each token's position with a scatter, so generation prefills a context
-once and then runs one token per row per step.
+once and then runs one token per row per step; and evald's context forks (``extend_all`` / ``cache_rows``,
+CachedScorer), so that diverging multi-token choices share their context's forward.
 """
 
 from __future__ import annotations
