@@ -68,13 +68,20 @@ class Attention(nn.Cell):
         q, k, v = self.heads(x, cos, sin)
         return self.attend(q, k, v, masked)
 
-    def extend(self, x, cos, sin, masked, positions, keys, values):
+    def extend(self, x, cos, sin, old_masked, chunk_masked, keys, values):
+        """The chunk ``x`` (B, c, d) against the cache ``keys``/``values`` (B, H, C, dh) as it was before the
+        chunk (``old_masked`` (B, 1, 1, C): 1 at the positions the chunk does not see) and against its own keys
+        and values (``chunk_masked`` (1, 1, c, c): 1 above the diagonal): the output and the chunk's keys and
+        values (B, H, c, dh), which the caller writes into the cache once for every layer."""
         q, k, v = self.heads(x, cos, sin)
         b, _, c, _ = q.shape
-        where = positions.reshape(b, 1, c, 1).broadcast_to((b, self.n_heads, c, self.d_head))
-        keys = ops.tensor_scatter_elements(keys, where, k, axis=2)
-        values = ops.tensor_scatter_elements(values, where, v, axis=2)
-        return self.attend(q, keys, values, masked), keys, values
+        # Two score blocks instead of one over a cache with the chunk written in: no per-layer copy of the cache.
+        old = ops.matmul(q, keys.transpose(0, 1, 3, 2)) * self.scale + old_masked * -1e9
+        own = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + chunk_masked * -1e9
+        p = ops.softmax(ops.cat((old, own), -1), axis=-1)
+        capacity = keys.shape[2]
+        y = ops.matmul(p[..., :capacity], values) + ops.matmul(p[..., capacity:], v)
+        return self.wo(y.transpose(0, 2, 1, 3).reshape(b, c, self.n_heads * self.d_head)), k, v
 
 
 class Block(nn.Cell):
@@ -95,10 +102,10 @@ class Block(nn.Cell):
         x = x + self.attn(self.attn_norm(x), cos, sin, masked)
         return x + self.ffn(x)
 
-    def extend(self, x, cos, sin, masked, positions, keys, values):
-        y, keys, values = self.attn.extend(self.attn_norm(x), cos, sin, masked, positions, keys, values)
+    def extend(self, x, cos, sin, old_masked, chunk_masked, keys, values):
+        y, k, v = self.attn.extend(self.attn_norm(x), cos, sin, old_masked, chunk_masked, keys, values)
         x = x + y
-        return x + self.ffn(x), keys, values
+        return x + self.ffn(x), k, v
 
 
 class LlamaDecoder(nn.Cell):
@@ -136,19 +143,56 @@ class LlamaDecoder(nn.Cell):
         return ops.zeros((self.n_layers, 2, batch, self.n_heads, capacity, self.d_head), ms.float32)
 
     def extend(self, tokens, start, read, cache):
-        b, c = tokens.shape
-        capacity = cache.shape[4]
-        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
-                                capacity - 1)
-        cos, sin = self.rotary(positions)
-        masked = (ops.arange(capacity).reshape(1, 1, 1, capacity) > positions.reshape(b, 1, c, 1)).astype(ms.float32)
-        x = self.embed(tokens)
-        layers = []
-        for i, block in enumerate(self.blocks):
-            x, keys, values = block.extend(x, cos, sin, masked, positions, cache[i, 0], cache[i, 1])
-            layers.append(ops.stack((keys, values)))
+        b = tokens.shape[0]
+        x, cache = self._extend_hidden(tokens, start, cache)
         last = ops.gather_elements(x, 1, read.reshape(b, 1, 1).broadcast_to((b, 1, x.shape[2])))
-        return self.head(self.norm(last)).squeeze(1), ops.stack(layers)
+        return self.head(self.norm(last)).squeeze(1), cache
+
+    def _extend_hidden(self, tokens, start, cache):
+        """The chunk's final hidden states (B, c, d), before the final norm, and the cache with its keys and
+        values written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
+        b, c = tokens.shape
+        layers, _, _, heads, capacity, d_head = cache.shape
+        unclamped = start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype)
+        positions = ops.minimum(unclamped, capacity - 1)
+        cos, sin = self.rotary(positions)
+        old_masked, chunk_masked = attention_masks(start, c, capacity)
+        # unstack, not cache[i, 0]: on MindSpore's CPU a strided slice of the cache copies it slowly
+        # (bench/decode_step.py)
+        kv = ops.unstack(cache.reshape((layers * 2,) + cache.shape[2:]), 0)
+        x = self.embed(tokens)
+        written = []
+        for i, block in enumerate(self.blocks):
+            x, k, v = block.extend(x, cos, sin, old_masked, chunk_masked, kv[2 * i], kv[2 * i + 1])
+            written += [k, v]
+        chunk = ops.stack(written).reshape(layers, 2, b, heads, c, d_head)
+        return x, write_chunk(cache, chunk, unclamped, positions)
+
+
+def attention_masks(start, c: int, capacity: int):
+    """What a chunk of c tokens at ``start`` (B,) does not see, as 1.0: the cache's positions from the row's
+    start on (B, 1, 1, capacity), which hold nothing of this row yet or are the chunk's own, and the chunk's
+    later tokens (1, 1, c, c). Each token sees the cache's positions before ``start`` and the chunk's tokens
+    up to itself: the positions up to its own, as the full forward does."""
+    b = start.shape[0]
+    old = (ops.arange(capacity).reshape(1, 1, 1, capacity) >= start.reshape(b, 1, 1, 1).astype(ms.int64))
+    index = ops.arange(c)
+    own = (index.reshape(1, 1, 1, c) > index.reshape(1, 1, c, 1))
+    return old.astype(ms.float32), own.astype(ms.float32)
+
+
+def write_chunk(cache, chunk, unclamped, positions):
+    """``cache`` (layers, 2, B, H, capacity, dh) with ``chunk`` (layers, 2, B, H, c, dh) written at each row's
+    positions: one write of the whole cache per call, not one per layer. A decode step (c = 1) selects, at
+    the one position of each row, the chunk's values over the cache's (a position past the capacity, which
+    is padding, writes nothing); a longer chunk scatters at ``positions`` (clamped to capacity - 1)."""
+    layers, _, b, heads, c, d_head = chunk.shape
+    capacity = cache.shape[4]
+    if c == 1:
+        hit = ops.arange(capacity).reshape(1, capacity) == unclamped.reshape(b, 1).astype(ms.int64)
+        return ops.where(hit.reshape(1, 1, b, 1, capacity, 1), chunk, cache)
+    where = positions.reshape(1, 1, b, 1, c, 1).broadcast_to(chunk.shape)
+    return ops.tensor_scatter_elements(cache, where, chunk, axis=4)
 
 
 def build_model(vocab_size: int = 32000, d_model: int = 512, n_layers: int = 8, n_heads: int = 8,
