@@ -8,9 +8,15 @@ implementing
 
 * ``init_cache(batch, capacity)``: zeros of (layers, 2, batch, heads, capacity, d_head), float32;
 * ``extend(tokens, start, read, cache)``: (B, c) tokens at positions ``start[b] + i`` (clamped to
-  capacity - 1, so padding never indexes out of range); each layer scatters the chunk's keys and
-  values into its cache at those positions and attends every query to the cache's positions up to
-  its own; the head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache).
+  capacity - 1, so padding never indexes out of range); each layer attends every query to the cache's
+  positions before ``start[b]`` and to the chunk's tokens up to its own (the positions up to its own),
+  and the chunk's keys and values of every layer are scattered into the cache once, at the end; the
+  head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache).
+
+The decode step's cost on MindSpore's CPU is moving the cache, not arithmetic (a step is ~10 MFLOP):
+the cache is read by one unstack (a strided slice ``cache[i, 0]`` per layer copied it several times
+slower), the scores use ``transpose_b`` (no transposed copy of the keys), and there is one write of
+the cache per call instead of a scatter per layer and a restack (bench/decode_step.py, docs/performance.md).
 
 The full forward and ``extend`` share every weight and the same per-position arithmetic, so the
 cached logits equal the full forward's up to float rounding (tests/unit/pipeline/test_llm_decoder.py).
@@ -52,6 +58,7 @@ class Attention(nn.Cell):
         self.wv = nn.Dense(d_model, d_model, has_bias=False)
         self.wo = nn.Dense(d_model, d_model, has_bias=False)
         self.scale = 1.0 / math.sqrt(self.d_head)
+        self.scores = ops.BatchMatMul(transpose_b=True)
 
     def heads(self, x, cos, sin):
         b, c, _ = x.shape
@@ -76,8 +83,9 @@ class Attention(nn.Cell):
         q, k, v = self.heads(x, cos, sin)
         b, _, c, _ = q.shape
         # Two score blocks instead of one over a cache with the chunk written in: no per-layer copy of the cache.
-        old = ops.matmul(q, keys.transpose(0, 1, 3, 2)) * self.scale + old_masked * -1e9
-        own = ops.matmul(q, k.transpose(0, 1, 3, 2)) * self.scale + chunk_masked * -1e9
+        # transpose_b: a transposed copy of the keys costs more than the product (bench/decode_step.py)
+        old = self.scores(q, keys) * self.scale + old_masked * -1e9
+        own = self.scores(q, k) * self.scale + chunk_masked * -1e9
         p = ops.softmax(ops.cat((old, own), -1), axis=-1)
         capacity = keys.shape[2]
         y = ops.matmul(p[..., :capacity], values) + ops.matmul(p[..., capacity:], v)
@@ -153,8 +161,8 @@ class LlamaDecoder(nn.Cell):
         values written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
         b, c = tokens.shape
         layers, _, _, heads, capacity, d_head = cache.shape
-        unclamped = start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype)
-        positions = ops.minimum(unclamped, capacity - 1)
+        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
+                                capacity - 1)                                  # padding clamps to the end
         cos, sin = self.rotary(positions)
         old_masked, chunk_masked = attention_masks(start, c, capacity)
         # unstack, not cache[i, 0]: on MindSpore's CPU a strided slice of the cache copies it slowly
@@ -166,7 +174,7 @@ class LlamaDecoder(nn.Cell):
             x, k, v = block.extend(x, cos, sin, old_masked, chunk_masked, kv[2 * i], kv[2 * i + 1])
             written += [k, v]
         chunk = ops.stack(written).reshape(layers, 2, b, heads, c, d_head)
-        return x, write_chunk(cache, chunk, unclamped, positions)
+        return x, write_chunk(cache, chunk, positions)
 
 
 def attention_masks(start, c: int, capacity: int):
@@ -181,16 +189,11 @@ def attention_masks(start, c: int, capacity: int):
     return old.astype(ms.float32), own.astype(ms.float32)
 
 
-def write_chunk(cache, chunk, unclamped, positions):
+def write_chunk(cache, chunk, positions):
     """``cache`` (layers, 2, B, H, capacity, dh) with ``chunk`` (layers, 2, B, H, c, dh) written at each row's
-    positions: one write of the whole cache per call, not one per layer. A decode step (c = 1) selects, at
-    the one position of each row, the chunk's values over the cache's (a position past the capacity, which
-    is padding, writes nothing); a longer chunk scatters at ``positions`` (clamped to capacity - 1)."""
+    ``positions`` (B, c), clamped to capacity - 1: one scatter into the whole cache per call, not one per
+    layer and a restack (a select of the cache's one position per row was no faster for a decode step)."""
     layers, _, b, heads, c, d_head = chunk.shape
-    capacity = cache.shape[4]
-    if c == 1:
-        hit = ops.arange(capacity).reshape(1, capacity) == unclamped.reshape(b, 1).astype(ms.int64)
-        return ops.where(hit.reshape(1, 1, b, 1, capacity, 1), chunk, cache)
     where = positions.reshape(1, 1, b, 1, c, 1).broadcast_to(chunk.shape)
     return ops.tensor_scatter_elements(cache, where, chunk, axis=4)
 
