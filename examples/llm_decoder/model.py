@@ -8,12 +8,18 @@ implementing
 
 * ``init_cache(batch, capacity)``: zeros of (layers, 2, batch, heads, capacity, d_head), float32;
 * ``extend(tokens, start, read, cache)``: (B, c) tokens at positions ``start[b] + i`` (clamped to
-  capacity - 1, so padding never indexes out of range); each layer scatters the chunk's keys and
-  values into its cache at those positions and attends every query to the cache's positions up to
-  its own; the head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache);
+  capacity - 1, so padding never indexes out of range); each layer attends every query to the cache's
+  positions before ``start[b]`` and to the chunk's tokens up to its own (the positions up to its own),
+  and the chunk's keys and values of every layer are scattered into the cache once, at the end; the
+  head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache);
 * ``extend_all(tokens, start, cache)``: the same with the head at every position ((B, c, vocab) logits),
   and ``cache_rows(cache, rows)``: the cache's rows ``rows`` (evald's context forks,
   evald.pipeline.tasks.generation.CachedScorer).
+
+The decode step's cost on MindSpore's CPU is moving the cache, not arithmetic (a step is ~10 MFLOP):
+the cache is read by one unstack (a strided slice ``cache[i, 0]`` per layer copied it several times
+slower), the scores use ``transpose_b`` (no transposed copy of the keys), and there is one write of
+the cache per call instead of a scatter per layer and a restack (bench/decode_step.py, docs/performance.md).
 
 The full forward and ``extend`` share every weight and the same per-position arithmetic, so the
 cached logits equal the full forward's up to float rounding (tests/unit/pipeline/test_llm_decoder.py).
@@ -55,6 +61,7 @@ class Attention(nn.Cell):
         self.wv = nn.Dense(d_model, d_model, has_bias=False)
         self.wo = nn.Dense(d_model, d_model, has_bias=False)
         self.scale = 1.0 / math.sqrt(self.d_head)
+        self.scores = ops.BatchMatMul(transpose_b=True)
 
     def heads(self, x, cos, sin):
         b, c, _ = x.shape
@@ -71,13 +78,21 @@ class Attention(nn.Cell):
         q, k, v = self.heads(x, cos, sin)
         return self.attend(q, k, v, masked)
 
-    def extend(self, x, cos, sin, masked, positions, keys, values):
+    def extend(self, x, cos, sin, old_masked, chunk_masked, keys, values):
+        """The chunk ``x`` (B, c, d) against the cache ``keys``/``values`` (B, H, C, dh) as it was before the
+        chunk (``old_masked`` (B, 1, 1, C): 1 at the positions the chunk does not see) and against its own keys
+        and values (``chunk_masked`` (1, 1, c, c): 1 above the diagonal): the output and the chunk's keys and
+        values (B, H, c, dh), which the caller writes into the cache once for every layer."""
         q, k, v = self.heads(x, cos, sin)
         b, _, c, _ = q.shape
-        where = positions.reshape(b, 1, c, 1).broadcast_to((b, self.n_heads, c, self.d_head))
-        keys = ops.tensor_scatter_elements(keys, where, k, axis=2)
-        values = ops.tensor_scatter_elements(values, where, v, axis=2)
-        return self.attend(q, keys, values, masked), keys, values
+        # Two score blocks instead of one over a cache with the chunk written in: no per-layer copy of the cache.
+        # transpose_b: a transposed copy of the keys costs more than the product (bench/decode_step.py)
+        old = self.scores(q, keys) * self.scale + old_masked * -1e9
+        own = self.scores(q, k) * self.scale + chunk_masked * -1e9
+        p = ops.softmax(ops.cat((old, own), -1), axis=-1)
+        capacity = keys.shape[2]
+        y = ops.matmul(p[..., :capacity], values) + ops.matmul(p[..., capacity:], v)
+        return self.wo(y.transpose(0, 2, 1, 3).reshape(b, c, self.n_heads * self.d_head)), k, v
 
 
 class Block(nn.Cell):
@@ -98,10 +113,10 @@ class Block(nn.Cell):
         x = x + self.attn(self.attn_norm(x), cos, sin, masked)
         return x + self.ffn(x)
 
-    def extend(self, x, cos, sin, masked, positions, keys, values):
-        y, keys, values = self.attn.extend(self.attn_norm(x), cos, sin, masked, positions, keys, values)
+    def extend(self, x, cos, sin, old_masked, chunk_masked, keys, values):
+        y, k, v = self.attn.extend(self.attn_norm(x), cos, sin, old_masked, chunk_masked, keys, values)
         x = x + y
-        return x + self.ffn(x), keys, values
+        return x + self.ffn(x), k, v
 
 
 class LlamaDecoder(nn.Cell):
@@ -138,26 +153,31 @@ class LlamaDecoder(nn.Cell):
     def init_cache(self, batch: int, capacity: int):
         return ops.zeros((self.n_layers, 2, batch, self.n_heads, capacity, self.d_head), ms.float32)
 
-    def _extend_hidden(self, tokens, start, cache):
-        """The chunk's final hidden states (B, c, d) and the cache with its keys and values written in."""
-        b, c = tokens.shape
-        capacity = cache.shape[4]
-        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
-                                capacity - 1)
-        cos, sin = self.rotary(positions)
-        masked = (ops.arange(capacity).reshape(1, 1, 1, capacity) > positions.reshape(b, 1, c, 1)).astype(ms.float32)
-        x = self.embed(tokens)
-        layers = []
-        for i, block in enumerate(self.blocks):
-            x, keys, values = block.extend(x, cos, sin, masked, positions, cache[i, 0], cache[i, 1])
-            layers.append(ops.stack((keys, values)))
-        return x, ops.stack(layers)
-
     def extend(self, tokens, start, read, cache):
-        x, cache = self._extend_hidden(tokens, start, cache)
         b = tokens.shape[0]
+        x, cache = self._extend_hidden(tokens, start, cache)
         last = ops.gather_elements(x, 1, read.reshape(b, 1, 1).broadcast_to((b, 1, x.shape[2])))
         return self.head(self.norm(last)).squeeze(1), cache
+
+    def _extend_hidden(self, tokens, start, cache):
+        """The chunk's final hidden states (B, c, d), before the final norm, and the cache with its keys and
+        values written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
+        b, c = tokens.shape
+        layers, _, _, heads, capacity, d_head = cache.shape
+        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
+                                capacity - 1)                                  # padding clamps to the end
+        cos, sin = self.rotary(positions)
+        old_masked, chunk_masked = attention_masks(start, c, capacity)
+        # unstack, not cache[i, 0]: on MindSpore's CPU a strided slice of the cache copies it slowly
+        # (bench/decode_step.py)
+        kv = ops.unstack(cache.reshape((layers * 2,) + cache.shape[2:]), 0)
+        x = self.embed(tokens)
+        written = []
+        for i, block in enumerate(self.blocks):
+            x, k, v = block.extend(x, cos, sin, old_masked, chunk_masked, kv[2 * i], kv[2 * i + 1])
+            written += [k, v]
+        chunk = ops.stack(written).reshape(layers, 2, b, heads, c, d_head)
+        return x, write_chunk(cache, chunk, positions)
 
     # -- evald's context forks (evald.pipeline.tasks.generation.CachedScorer) -------------------------
     def extend_all(self, tokens, start, cache):
@@ -166,6 +186,27 @@ class LlamaDecoder(nn.Cell):
 
     def cache_rows(self, cache, rows):
         return ops.gather(cache, rows, 2)                                      # (layers, 2, B, H, C, dh)
+
+
+def attention_masks(start, c: int, capacity: int):
+    """What a chunk of c tokens at ``start`` (B,) does not see, as 1.0: the cache's positions from the row's
+    start on (B, 1, 1, capacity), which hold nothing of this row yet or are the chunk's own, and the chunk's
+    later tokens (1, 1, c, c). Each token sees the cache's positions before ``start`` and the chunk's tokens
+    up to itself: the positions up to its own, as the full forward does."""
+    b = start.shape[0]
+    old = (ops.arange(capacity).reshape(1, 1, 1, capacity) >= start.reshape(b, 1, 1, 1).astype(ms.int64))
+    index = ops.arange(c)
+    own = (index.reshape(1, 1, 1, c) > index.reshape(1, 1, c, 1))
+    return old.astype(ms.float32), own.astype(ms.float32)
+
+
+def write_chunk(cache, chunk, positions):
+    """``cache`` (layers, 2, B, H, capacity, dh) with ``chunk`` (layers, 2, B, H, c, dh) written at each row's
+    ``positions`` (B, c), clamped to capacity - 1: one scatter into the whole cache per call, not one per
+    layer and a restack (a select of the cache's one position per row was no faster for a decode step)."""
+    layers, _, b, heads, c, d_head = chunk.shape
+    where = positions.reshape(1, 1, b, 1, c, 1).broadcast_to(chunk.shape)
+    return ops.tensor_scatter_elements(cache, where, chunk, axis=4)
 
 
 def build_model(vocab_size: int = 32000, d_model: int = 512, n_layers: int = 8, n_heads: int = 8,

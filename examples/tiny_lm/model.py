@@ -6,9 +6,12 @@ Graph-mode code must live in a .py file, so this module is imported, not pasted.
 
 ``TinyGPT`` also implements evald's optional cached decoding (``init_cache`` / ``extend``,
 evald.pipeline.tasks.generation.CachedDecoder): a static key/value cache of (layers, 2, B, heads,
-capacity, d_head), written at each token's position with a scatter, so generation prefills a context
-once and then runs one token per row per step; and evald's context forks (``extend_all`` / ``cache_rows``,
-CachedScorer), so that diverging multi-token choices share their context's forward.
+capacity, d_head), so generation prefills a context once and then runs one token per row per step. Each
+layer attends a chunk to the cache's positions before its start and to the chunk's own tokens up to
+each one; every layer's keys and values are scattered into the cache once, at the end (the decode
+step's cost on MindSpore's CPU is moving the cache: see examples/llm_decoder/model.py). It also
+implements evald's context forks (``extend_all`` / ``cache_rows``, CachedScorer), so that diverging
+multi-token choices share their context's forward.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class CausalSelfAttention(nn.Cell):
         mask = np.triu(np.full((seq_len, seq_len), -1e9, dtype=np.float32), k=1)
         self.mask = ms.Tensor(mask)
         self.scale = 1.0 / math.sqrt(self.d_head)
+        self.scores = ops.BatchMatMul(transpose_b=True)
 
     def construct(self, x):
         b, t, d = x.shape
@@ -40,21 +44,22 @@ class CausalSelfAttention(nn.Cell):
         y = ops.matmul(att, v).transpose(0, 2, 1, 3).reshape(b, t, d)
         return self.proj(y)
 
-    def extend(self, x, positions, keys, values):
-        """Tokens ``x`` (B, c, d) at ``positions`` (B, c) against a cache ``keys``/``values`` (B, H, C, dh):
-        their output and the cache with their keys and values written in."""
+    def extend(self, x, old_masked, chunk_masked, keys, values):
+        """Tokens ``x`` (B, c, d) against the cache ``keys``/``values`` (B, H, C, dh) as it was before the chunk
+        (``old_masked`` (B, 1, 1, C): 1 at the positions the chunk does not see) and against their own keys and
+        values (``chunk_masked`` (1, 1, c, c): 1 above the diagonal): their output and their keys and values
+        (B, H, c, dh), which the caller writes into the cache once for every layer."""
         b, c, d = x.shape
         capacity = keys.shape[2]
         qkv = self.qkv(x).reshape(b, c, 3, self.n_heads, self.d_head).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]                                       # (B, H, c, dh)
-        where = positions.reshape(b, 1, c, 1).broadcast_to((b, self.n_heads, c, self.d_head))
-        keys = ops.tensor_scatter_elements(keys, where, k, axis=2)
-        values = ops.tensor_scatter_elements(values, where, v, axis=2)
-        later = ops.arange(capacity).reshape(1, 1, 1, capacity) > positions.reshape(b, 1, c, 1)
-        att = ops.matmul(q, keys.transpose(0, 1, 3, 2)) * self.scale + later.astype(ms.float32) * -1e9
-        att = ops.softmax(att, axis=-1)
-        y = ops.matmul(att, values).transpose(0, 2, 1, 3).reshape(b, c, d)
-        return self.proj(y), keys, values
+        # two score blocks, not one over a cache with the chunk written in: no per-layer copy of the cache;
+        # transpose_b: no transposed copy of the keys
+        old = self.scores(q, keys) * self.scale + old_masked * -1e9
+        own = self.scores(q, k) * self.scale + chunk_masked * -1e9
+        att = ops.softmax(ops.cat((old, own), -1), axis=-1)
+        y = ops.matmul(att[..., :capacity], values) + ops.matmul(att[..., capacity:], v)
+        return self.proj(y.transpose(0, 2, 1, 3).reshape(b, c, d)), k, v
 
 
 class Block(nn.Cell):
@@ -69,10 +74,10 @@ class Block(nn.Cell):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
-    def extend(self, x, positions, keys, values):
-        y, keys, values = self.attn.extend(self.ln1(x), positions, keys, values)
+    def extend(self, x, old_masked, chunk_masked, keys, values):
+        y, k, v = self.attn.extend(self.ln1(x), old_masked, chunk_masked, keys, values)
         x = x + y
-        return x + self.mlp(self.ln2(x)), keys, values
+        return x + self.mlp(self.ln2(x)), k, v
 
 
 class TinyGPT(nn.Cell):
@@ -99,25 +104,32 @@ class TinyGPT(nn.Cell):
     def init_cache(self, batch: int, capacity: int):
         return ops.zeros((self.n_layers, 2, batch, self.n_heads, capacity, self.d_head), ms.float32)
 
-    def _extend_hidden(self, tokens, start, cache):
-        """The chunk's final hidden states (B, c, d) and the cache with its keys and values written in."""
-        b, c = tokens.shape
-        capacity = cache.shape[4]
-        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
-                                capacity - 1)                                  # padding clamps to the end
-        x = self.tok(tokens) + self.pos(positions)
-        layers = []
-        for i, block in enumerate(self.blocks):
-            x, keys, values = block.extend(x, positions, cache[i, 0], cache[i, 1])
-            layers.append(ops.stack((keys, values)))
-        return x, ops.stack(layers)
-
     def extend(self, tokens, start, read, cache):
-        x, cache = self._extend_hidden(tokens, start, cache)
         b = tokens.shape[0]
+        x, cache = self._extend_hidden(tokens, start, cache)
         where = read.reshape(b, 1, 1).broadcast_to((b, 1, x.shape[2]))
         last = ops.gather_elements(x, 1, where)                                # (B, 1, d): the head runs here only
         return self.head(self.ln_f(last)).squeeze(1), cache
+
+    def _extend_hidden(self, tokens, start, cache):
+        """The chunk's final hidden states (B, c, d), before ``ln_f``, and the cache with its keys and values
+        written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
+        b, c = tokens.shape
+        layers, _, _, heads, capacity, d_head = cache.shape
+        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
+                                capacity - 1)                                  # padding clamps to the end
+        old_masked, chunk_masked = attention_masks(start, c, capacity)
+        # unstack, not cache[i, 0]: on MindSpore's CPU a strided slice of the cache copies it slowly
+        # (bench/decode_step.py)
+        kv = ops.unstack(cache.reshape((layers * 2,) + cache.shape[2:]), 0)
+        x = self.tok(tokens) + self.pos(positions)
+        written = []
+        for i, block in enumerate(self.blocks):
+            x, k, v = block.extend(x, old_masked, chunk_masked, kv[2 * i], kv[2 * i + 1])
+            written += [k, v]
+        chunk = ops.stack(written).reshape(layers, 2, b, heads, c, d_head)
+        where = positions.reshape(1, 1, b, 1, c, 1).broadcast_to(chunk.shape)
+        return x, ops.tensor_scatter_elements(cache, where, chunk, axis=4)   # one write of the whole cache
 
     # -- evald's context forks (evald.pipeline.tasks.generation.CachedScorer) -------------------------
     def extend_all(self, tokens, start, cache):
@@ -126,6 +138,18 @@ class TinyGPT(nn.Cell):
 
     def cache_rows(self, cache, rows):
         return ops.gather(cache, rows, 2)                                      # (layers, 2, B, H, C, dh)
+
+
+def attention_masks(start, c: int, capacity: int):
+    """What a chunk of c tokens at ``start`` (B,) does not see, as 1.0: the cache's positions from the row's
+    start on (B, 1, 1, capacity), which hold nothing of this row yet or are the chunk's own, and the chunk's
+    later tokens (1, 1, c, c). Each token sees the cache's positions before ``start`` and the chunk's tokens
+    up to itself: the positions up to its own, as the full forward does."""
+    b = start.shape[0]
+    old = ops.arange(capacity).reshape(1, 1, 1, capacity) >= start.reshape(b, 1, 1, 1).astype(ms.int64)
+    index = ops.arange(c)
+    own = index.reshape(1, 1, 1, c) > index.reshape(1, 1, c, 1)
+    return old.astype(ms.float32), own.astype(ms.float32)
 
 
 class LMLoss(nn.Cell):
