@@ -24,23 +24,12 @@ from evald.pipeline import pipeline as pipeline_module  # noqa: E402
 from evald.pipeline.suites import runner as runner_module  # noqa: E402
 from evald.pipeline.suites.runner import SuiteRunner  # noqa: E402
 from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
-from examples.tiny_lm.benchmarks import write_benchmarks  # noqa: E402
-from tests.networks import demo_network_in_graph_mode  # noqa: E402
 
 # main had no such error: the tests then fail with "DID NOT RAISE" / a finite accuracy, not at import
 NonFiniteScores = getattr(runner_module, "NonFiniteScores", type("NonFiniteScores", (Exception,), {}))
 DOCS = 16
-
-
-@pytest.fixture(scope="module")
-def include(tmp_path_factory):
-    return write_benchmarks(tmp_path_factory.mktemp("bench"), next_line_count=40, bpb_docs_per_set=1)
-
-
-@pytest.fixture(scope="module")
-def network():
-    with demo_network_in_graph_mode(seed=5) as net:
-        yield net
+NETWORK_SEED = 5       # the network fixture's (conftest.py)
+BPB_DOCS_PER_SET = 1   # the include fixture's (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -124,19 +126,21 @@ def test_the_swap_check_names_a_parameter_whose_memory_is_not_the_checkpoints(ch
         hot.evaluate(paths["A"], "evald")
 
 
-def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said(tmp_path):
+@contextmanager
+def run_evaluating(tmp_path, configs: dict[int, dict]) -> Iterator:
+    """A daemon Run over steps 10, 20 and 30 (checkpoints in ``tmp_path/ckpt``, its run directory ``tmp_path/run``)
+    with a stand-in pipeline whose evaluations report their findings as the evaluator does, ``configs[step]`` as
+    a step's config; started, each step evaluated, then yielded; closed on leaving."""
     from evald.config import EvaldConfig, ResolvedConfig
-    from evald.ledger.ledger import Ledger
     from evald.daemon.run import Run
+    from evald.pipeline.pipeline import Evaluated
     from evald.pipeline.subset import SubsetInfo
-    from tests.harness import text_events
 
     ckpt = tmp_path / "ckpt"
     for step in (10, 20, 30):
         layout.write_checkpoint(ckpt, step, {"w": np.full(4, step, np.float32)}, run_id="r")
-    configs = {10: {"subset_size": 24}, 20: {"subset_size": 24}, 30: {"subset_size": 48}}
 
-    class Pipeline:  # the evaluator's findings, as it reports them, with a config that changes at step 30
+    class Pipeline:
         subset = SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0)
         blocked_reason = None
         validation_identity = None      # no identity: no results are superseded here
@@ -151,8 +155,6 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
             return False
 
         def evaluate(self, ckpt_dir, row):
-            from evald.pipeline.pipeline import Evaluated
-
             found = {"weights_sha256": f"w{row.step}", "weights_digest_of": "test", "subset_sha256": "s",
                      "config": configs[row.step], "swap_check": "verified (sampled)"}
             return Evaluated(EvalResult({"eval/loss": 1.0}, {}, 0.0, 0.0, 0.0, found))
@@ -166,8 +168,19 @@ def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said
         run.start()
         while run.work():
             pass
+        yield run
     finally:
         run.close()
+
+
+def test_provenance_is_in_the_ledger_and_tensorboard_and_a_config_change_is_said(tmp_path):
+    from evald.ledger.ledger import Ledger
+    from tests.harness import text_events
+
+    run_dir = tmp_path / "run"
+    configs = {10: {"subset_size": 24}, 20: {"subset_size": 24}, 30: {"subset_size": 48}}  # it changes at step 30
+    with run_evaluating(tmp_path, configs):
+        pass
     ledger = Ledger(run_dir / "ledger.sqlite")
     stored = ledger.provenance(20)
     ledger.close()
@@ -183,58 +196,22 @@ def test_a_re_evaluated_older_step_is_compared_with_its_neighbour_and_leaves_the
     """Issue 26 item 9: after a re-evaluation (evald retry --step) the comparability check compared the
     old step with the newest one, and then the next new step with the re-evaluated old one: two
     "not comparable" warnings for points that compare well with their neighbours."""
-    from evald.config import EvaldConfig, ResolvedConfig
-    from evald.daemon.run import Run
     from evald.ledger.ledger import Ledger
     from evald.ledger.requeue import retry
-    from evald.pipeline.pipeline import Evaluated
-    from evald.pipeline.subset import SubsetInfo
     from tests.harness import text_events
 
-    ckpt = tmp_path / "ckpt"
-    for step in (10, 20, 30):
-        layout.write_checkpoint(ckpt, step, {"w": np.full(4, step, np.float32)}, run_id="r")
-    configs = {10: {"subset_size": 24}, 20: {"subset_size": 24}, 30: {"subset_size": 48}, 40: {"subset_size": 48}}
-
-    class Pipeline:  # the config changes at step 30; step 10 is then evaluated again
-        subset = SubsetInfo.of([0, 1], num_samples=2, requested=2, seed=0)
-        blocked_reason = None
-        validation_identity = None
-        suites: dict = {}
-        suite_errors: dict = {}
-        suites_pending: tuple = ()
-
-        def ensure_built(self, config):
-            return True
-
-        def build_next_suite(self):
-            return False
-
-        def evaluate(self, ckpt_dir, row):
-            found = {"weights_sha256": f"w{row.step}", "weights_digest_of": "test", "subset_sha256": "s",
-                     "config": configs[row.step], "swap_check": "verified (sampled)"}
-            return Evaluated(EvalResult({"eval/loss": 1.0}, {}, 0.0, 0.0, 0.0, found))
-
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    config = dataclasses.replace(EvaldConfig(), lag_policy="all")
-    run = Run(ResolvedConfig(config, {}), ckpt, run_dir, control=None, receiver=None, events=queue.Queue(),
-              pipeline=Pipeline())
-    try:
-        run.start()
-        while run.work():
-            pass
+    configs = {10: {"subset_size": 24}, 20: {"subset_size": 24}, 30: {"subset_size": 48}, 40: {"subset_size": 48}}
+    with run_evaluating(tmp_path, configs) as run:   # the config changes at step 30; step 10 is then evaluated again
         ledger = Ledger(run_dir / "ledger.sqlite")
         retry(ledger, [10], "again", evaluated_too=True)
         ledger.close()
         while run.work():
             pass
-        layout.write_checkpoint(ckpt, 40, {"w": np.full(4, 40, np.float32)}, run_id="r")
+        layout.write_checkpoint(tmp_path / "ckpt", 40, {"w": np.full(4, 40, np.float32)}, run_id="r")
         run.tick()
         run.intake.found(layout.step_dir_name(40), "rescan")
         while run.work():
             pass
-    finally:
-        run.close()
     said = text_events(run_dir, "evald/comparability/text_summary")
     assert [step for step, _ in said] == [30], said    # only where the config really changed

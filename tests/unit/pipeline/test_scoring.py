@@ -9,14 +9,8 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer  # noqa: E402
-from examples.tiny_lm.model import build_model  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def network(graph_mode):
-    net = build_model(seq_len=64, seed=3)
-    net.set_train(False)
-    return net
+NETWORK_SEED = 3   # the network fixture's (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,7 @@ from tests.networks import without_cached_decoding  # noqa: E402
 from evald.pipeline.tasks.generation import SampleGenerator, decodes_with_cache  # noqa: E402
 from examples.tiny_lm.model import build_model  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def network(graph_mode):  # tests/unit/conftest.py
-    net = build_model(seq_len=64, seed=5)
-    net.set_train(False)
-    return net
+NETWORK_SEED = 5   # the network fixture's (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -17,19 +17,9 @@ from evald.ledger.samples import read_step, write_samples  # noqa: E402
 from evald.pipeline.suites.runner import SuiteRunner  # noqa: E402
 from evald.pipeline.suites.scoring import TokenScorer  # noqa: E402
 from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
-from examples.tiny_lm.benchmarks import write_benchmarks  # noqa: E402
-from tests.networks import demo_network_in_graph_mode  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def include(tmp_path_factory):
-    return write_benchmarks(tmp_path_factory.mktemp("bench"), next_line_count=40, bpb_docs_per_set=2)
-
-
-@pytest.fixture(scope="module")
-def network():
-    with demo_network_in_graph_mode(seed=5) as net:
-        yield net
+NETWORK_SEED = 5       # the network fixture's (conftest.py)
+BPB_DOCS_PER_SET = 2   # the include fixture's (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ httpx = pytest.importorskip("httpx")
 from evald.config import ServeOptions  # noqa: E402
 from evald.pipeline.network import Held  # noqa: E402
 from evald.pipeline.suites.scoring import ScoreRequest  # noqa: E402
-from tests.networks import demo_network_in_graph_mode  # noqa: E402
 from tests.unit.serve.rig import Rig, snapshot  # noqa: E402
 
 STEPS = (10, 20, 30, 40, 50, 60)
@@ -31,12 +30,7 @@ STEPS = (10, 20, 30, 40, 50, 60)
 # swaps and serves). Another snapshot's values differ by more than 1e-2 (the 0.02 noise per weight;
 # test_snapshots_differ_far_beyond_the_tolerance), so a tolerance 100x below that still catches any mix.
 SAME_SNAPSHOT_TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def network():
-    with demo_network_in_graph_mode(seed=3) as net:
-        yield net
+NETWORK_SEED = 3   # the network fixture's (conftest.py)
 
 
 def _load(rig: Rig, swaps: int, wanted: int, clients: int = 2, seed: int = 0) -> list[tuple[dict, dict]]:

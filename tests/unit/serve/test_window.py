@@ -16,8 +16,9 @@ from evald.cli.main import parse_config  # noqa: E402
 from evald.config import ServeOptions  # noqa: E402
 from evald.daemon.serving import Serving  # noqa: E402
 from evald.pipeline.suites.scoring import ScoreRequest  # noqa: E402
-from tests.networks import demo_network_in_graph_mode  # noqa: E402
 from tests.unit.serve.rig import Loop, Pipeline, Rig, snapshot, until_ready  # noqa: E402
+
+NETWORK_SEED = 6   # the network fixture's (conftest.py)
 
 
 class Bare(ms.nn.Cell):
@@ -29,12 +30,6 @@ class Bare(ms.nn.Cell):
 
     def construct(self, tokens):
         return self.inner(tokens)
-
-
-@pytest.fixture(scope="module")
-def network():
-    with demo_network_in_graph_mode(seed=6) as net:
-        yield net
 
 
 def _serving(network, *argv: str) -> Serving:
