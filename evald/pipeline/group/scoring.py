@@ -138,7 +138,7 @@ def warm_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, A
         if group.rank == 0 or group.rank in _ranks(group, payload):
             if scorer is None:
                 raise RuntimeError("this rank has no evaluation network (its build failed)")
-            scorer.warm_up(bool(payload.get("generate", True)))
+            scorer.warm_up(bool(payload.get("generate", True)), forks=bool(payload.get("forks", True)))
             arrays["vocab"][group.rank] = scorer.vocab_size()
     except Exception as exc:  # noqa: BLE001 - every rank must answer
         log.exception("rank %d: compiling a suite's graphs raised", group.rank)
@@ -188,18 +188,18 @@ class GroupScorer:
 
     def vocab_size(self) -> int:
         if self._vocab is None:
-            self.warm_up(generate=False)
+            self.warm_up(generate=False, forks=False)
         assert self._vocab is not None
         return self._vocab
 
-    def warming(self, generate: bool = True, top_decoding: bool = False) -> Iterator[int]:
+    def warming(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> Iterator[int]:
         """One step: the group compiles every graph at once (one WARM command)."""
-        yield self.warm_up(generate, top_decoding)
+        yield self.warm_up(generate, top_decoding, forks)
 
-    def warm_up(self, generate: bool = True, top_decoding: bool = False) -> int:
+    def warm_up(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> int:
         """Every taking part rank compiles its graphs now (WARM); rank 0's count of compiled graphs.
         ``top_decoding`` is ignored: serving on a group does not decode with a cache (``cached``)."""
-        payload = self._payload(generate=generate)
+        payload = self._payload(generate=generate, forks=forks)
         self.group.command(WARM, payload)
         statuses, combined = warm_share(self.local, self.group, payload)
         _check(statuses, "compile a suite's graphs")

@@ -153,7 +153,9 @@ class SuiteRunner:
         # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
         self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self._started, self._ready = started, False
-        self._warming = self.scorer.warming()   # the graphs: compiled by warm_next, one a call, or by warm_up
+        # the graphs: compiled by warm_next, one a call, or by warm_up; forks only help log-likelihood choices
+        forks = any(task["output_type"] in ("multiple_choice", "loglikelihood") for task in tasks.values())
+        self._warming = self.scorer.warming(forks=forks)
 
     def warm_next(self) -> bool:
         """Compile the next of the suite's graphs (seconds each, so evald can validate a checkpoint between two

@@ -391,6 +391,7 @@ class TokenScorer:
             if cell is not None:
                 cell.set_train(False)
         self._shapes: set[tuple[Any, ...]] = set()
+        self._fork_ready: set[int] = set()   # buckets whose fork graph is compiled
         self.stats = ScorerStats()
         log.info("token scorer: buckets %s, %d tokens per forward; generation: %s; diverging continuations: %s",
                  list(self.buckets), budget, self.decoding,
@@ -426,17 +427,20 @@ class TokenScorer:
         zeros = np.zeros((self.batch_size, self.lengths[0]), np.int32)
         return int(self.network(ms.Tensor(zeros)).shape[-1])
 
-    def warm_up(self, generate: bool = True, top_decoding: bool = False) -> int:
+    def warm_up(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> int:
         """Compile every bucket's graphs now (with ``top_decoding``, also ``prefill_top``'s and ``decode_top``'s
-        when the network is a CachedDecoder); the number compiled so far."""
-        for _ in self.warming(generate, top_decoding):
+        when the network is a CachedDecoder; with ``forks``, the forks' when it is a CachedScorer); the number
+        compiled so far."""
+        for _ in self.warming(generate, top_decoding, forks):
             pass
         return self.compiled_graphs
 
-    def warming(self, generate: bool = True, top_decoding: bool = False) -> Iterator[int]:
+    def warming(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> Iterator[int]:
         """``warm_up`` one graph at a time: each step of the iteration compiles one graph (seconds at LLM
         shapes) and yields the number compiled so far, so that a caller can do other work between two
-        (evald validates a checkpoint that arrived meanwhile)."""
+        (evald validates a checkpoint that arrived meanwhile). ``score`` forks only into buckets whose fork
+        graph is compiled: a suite without multiple-choice tasks passes ``forks=False`` and compiles none."""
+        forks = forks and self.forks
         for n in self.lengths:
             if top_decoding and self._top_cell is not None:
                 _, _, cache = self.prefill_top([[0]], n)
@@ -447,16 +451,17 @@ class TokenScorer:
             zeros = np.zeros((rows, n), np.int32)
             self._score_batch(zeros, np.zeros((rows * n, 3), np.int32))
             yield self.compiled_graphs
-            if (generate and self.cached) or self.forks:
+            if (generate and self.cached) or forks:
                 cache = self.network.init_cache(rows, n)
                 chunk = min(n, PREFILL_CHUNK)
                 _, cache = self._extend(np.zeros((rows, chunk), np.int32), np.zeros(rows, np.int32),
                                         np.zeros(rows, np.int32), cache)
                 yield self.compiled_graphs
-                if self.forks:
+                if forks:
                     forked, piece = self.fork_rows(n), self.fork_piece
                     self._fork_batch(cache, np.zeros(forked, np.int32), np.zeros((forked, piece), np.int32),
                                      np.zeros(forked, np.int32), np.zeros((forked * piece, 3), np.int32))
+                    self._fork_ready.add(n)
                     yield self.compiled_graphs
             if generate and self.cached:
                 self._extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
@@ -543,7 +548,9 @@ class TokenScorer:
 
     # -- diverging continuations: one prefilled context forked into a row per chunk (CachedScorer) -------
     def _fork_bucket(self, positions: int) -> int | None:
-        return next((n for n in self.lengths if positions <= n), None)
+        """The bucket a fork of ``positions`` runs in, if its fork graph is compiled (never compile at a request)."""
+        n = next((n for n in self.lengths if positions <= n), None)
+        return n if n in self._fork_ready else None
 
     def fork_rows(self, length: int) -> int:
         """Rows of a fork call into a bucket of ``length``: the bucket's rows, and at least FORK_ROWS, so that a

@@ -125,7 +125,7 @@ class ShardScorer(FakeScorer):
     def score(self, requests):
         return [TokenScores(s.logprobs + self.rank, s.greedy) for s in super().score(requests)]
 
-    def warm_up(self, generate=True):
+    def warm_up(self, generate=True, forks=True):
         self.warmed.append(generate)
         self.compiled_graphs = 6
         return self.compiled_graphs

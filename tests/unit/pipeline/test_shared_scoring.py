@@ -148,3 +148,18 @@ def test_a_network_without_the_fork_interface_scores_each_row(network, fallback)
     before = fallback.stats.real_tokens
     fallback.score(requests)
     assert fallback.stats.real_tokens - before == sum(len(context) + 1 + c for c in range(4))
+
+
+def test_forks_run_only_where_their_graphs_were_compiled(network):
+    """A suite without multiple-choice tasks warms up without forks (forks=False): its scorer compiles no fork
+    graph, and diverging choices sent to it anyway run as rows, compiling nothing at the request."""
+    s = TokenScorer(network, batch_size=2)
+    s.warm_up(generate=False, forks=False)
+    compiled = s.compiled_graphs
+    assert compiled == len(s.lengths)            # the scoring graphs alone
+    context = _tokens(100, 50)
+    requests = [ScoreRequest(context, _tokens(200 + c, 2 + c)) for c in range(4)]
+    before = s.stats.real_tokens
+    s.score(requests)
+    assert s.stats.real_tokens - before == sum(len(context) + 1 + c for c in range(4))   # a row each
+    assert s.compiled_graphs == compiled
