@@ -83,6 +83,7 @@ class Server:
         self.exit_code = 0
         self.events: "queue.Queue[tuple[str, Any]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
         self.pipeline = pipeline or Pipeline(should_abort=self._should_abort, group=group)
+        self.pipeline.keep_alive = self._keep_alive   # the network's build blocks the loop for seconds
         self.disk = disk_full.DiskWait(should_stop=lambda: self.should_exit)  # a signal ends a wait for space
         self.run: Run | None = None
         self.receiver: Receiver | None = None
@@ -156,6 +157,13 @@ class Server:
         self.run.prepare()
         if self.serving is not None:
             self.serving.attach(run.name, run.path, ckpt_dir, self.run.ledger)
+
+    def _keep_alive(self) -> None:
+        """While the network builds (graphs compile for seconds, the loop waits): the control state keeps being
+        re-published, so that a trainer that subscribes meanwhile hears evald's leases, not "no evald reachable"
+        (its budget would then delete snapshots evald has not evaluated)."""
+        if self.control is not None and self.run is not None:
+            self.control.tick()
 
     def _should_abort(self) -> bool:
         """Checked between batches: says once that a signal came, and whether to abandon; meanwhile

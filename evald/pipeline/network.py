@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -75,7 +75,9 @@ class Evaluator:
                  subset_seed: int, batch_size: int, plugins: Sequence[Any] = (), generation: Any = None,
                  part: tuple[int, int] = (0, 1), verify_swap: str = "sampled",
                  config_identity: Mapping[str, Any] | None = None,
-                 tensor_parallel: tuple[int, int] = (1, 0)) -> None:
+                 tensor_parallel: tuple[int, int] = (1, 0), keep_alive: Callable[[], None] = lambda: None) -> None:
+        """``keep_alive`` is called between the build's steps (its graphs compile for seconds each): the caller
+        keeps its outputs alive meanwhile (evald republishes its control state, whose leases the trainer obeys)."""
         import mindspore as ms
 
         self.tensor_parallel = tensor_parallel  # (degree, this rank): the rank holds its shard of the model
@@ -116,10 +118,12 @@ class Evaluator:
         self.held: Held | None = None   # None while a swap is under way or after one failed
         if generation is not None:
             generation.prepare(self.network, dataset, indices, part=part)
+        keep_alive()
         sample = self.task.outputs(self.cell, self.batches[:1])  # compile now, not at the first checkpoint
         self.layout = {name: ((len(indices),) + values.shape[1:], values.dtype) for name, values in sample.items()}
+        keep_alive()
         if generation is not None:
-            generation.outputs()
+            generation.outputs(lambda: keep_alive() or False)   # before each step: its graphs compile at the first
             self.layout.update({f"gen/{name}": spec for name, spec in generation.layout().items()})
         log.info("evaluation network ready in %.1fs: %d parameters (%s); %s", time.time() - started,
                  len(self.weights.specs), "read in place" if self.weights.in_place else "set_data",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 from evald.config import EvaldConfig, factory_spec
 from evald.contracts.safetensors_io import ReadInterrupted
@@ -68,6 +68,7 @@ class EvaluationPipeline(Protocol):
     suites: dict[str, SuiteRunner]   # name -> its runner, once built
     suite_errors: dict[str, str]     # name -> why it cannot run
     suites_pending: tuple[str, ...]  # configured suites not built yet (build_next_suite builds them)
+    keep_alive: Callable[[], None]   # set by the daemon: called between the steps of building the network
 
     @property
     def subset(self) -> SubsetInfo | None:
@@ -130,6 +131,9 @@ class Pipeline:
         """``device_selected``: this process has chosen its device already (an eval group's ranks do before
         init(); so does a process whose MindSpore runtime already runs kernels, where choosing fails)."""
         self.should_abort = should_abort
+        # called between the steps of building the network (graphs compile for seconds each): the server sets it
+        # to republish its control state, so that a trainer that connects meanwhile hears evald and its leases
+        self.keep_alive: Callable[[], None] = lambda: None
         self.group = group  # an eval group's rank 0 (evald.pipeline.group.protocol.Group): every rank builds and evaluates
         self.evaluator: Evaluator | GroupEvaluator | None = None  # a group's rank 0 holds a GroupEvaluator
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
@@ -381,7 +385,7 @@ class Pipeline:
         self.evaluator = Evaluator(task=task, model=model, data=data, subset_size=config.subset_size,
                                    subset_seed=config.subset_seed, batch_size=config.batch_size,
                                    plugins=plugins, generation=generation, verify_swap=config.tuning.verify_swap,
-                                   config_identity=specs.identity())
+                                   config_identity=specs.identity(), keep_alive=self.keep_alive)
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome:
         assert self.evaluator is not None, "ensure_built() first"
