@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from evald.pipeline.network import Evaluator  # noqa: E402
-from evald.pipeline.tasks.generation import SampleGenerator  # noqa: E402
-from tests import faults  # noqa: E402
+from evald.pipeline.network import Evaluator
+from evald.pipeline.tasks.generation import SampleGenerator
+from tests import faults
 
 
 def test_the_build_calls_keep_alive_between_its_steps(graph_mode):  # graph_mode: tests/unit/conftest.py
