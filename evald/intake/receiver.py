@@ -13,8 +13,9 @@ No single frame can stop this thread or make evald's main loop fall behind:
   before any handshake sent bytes that are not ZeroMQ (WARNING); one that comes
   straight back after leaving was dropped, for a frame over the hard limit (WARNING);
 * the out queue is never waited on: ``put_nowait``, and when it is full (or,
-  for train_metrics and bad-message notices, nearly full) the item is dropped
-  and counted by type. Every notice is a doorbell; the directory is the truth;
+  for train_metrics and bad-message notices, holding ``LOW_PRIORITY_ROOM`` items
+  or 3/4 of its size) the item is dropped and counted by type. Every notice is a
+  doorbell; the directory is the truth;
 * an unexpected exception is logged and the loop goes on.
 
 The socket is secured by evald.contracts.auth.secure_server: CURVE with an
@@ -47,6 +48,11 @@ ZMQ, BAD_MESSAGE = "zmq", "bad_message"
 ZMQ_UNTRUSTED = "zmq_untrusted"  # a valid message from a peer that is neither local ipc nor an allowed key
 HARD_LIMIT_BYTES = 4 * MAX_MESSAGE_BYTES
 RECEIVE_HWM = 1000  # frames libzmq buffers for this socket; with HARD_LIMIT_BYTES, bounds its memory
+# train_metrics and bad-message notices are queued only while the queue holds fewer items than this. A
+# decoded train_metrics of 10 records is about 7 KB of Python objects, so a flood's backlog stays near
+# 7 MB (at 7,500, 3/4 of evald's queue, it was ~50 MB, and the allocator kept that high-water mark). A
+# trainer sends a few a second; 1,000 is minutes of scalars behind a busy main loop.
+LOW_PRIORITY_ROOM = 1000
 _BATCH = 256  # frames read per wake-up, so the monitor and stop flag are checked in between
 # A peer connecting again this soon after leaving did not leave: libzmq dropped it (PUSH reconnects
 # after 100 ms by itself; a restarted trainer takes seconds to import MindSpore).
@@ -113,7 +119,8 @@ class Receiver:
 
     def __init__(self, endpoint: str, out: "queue.Queue[tuple[str, object]]", *,
                  hard_limit_bytes: int = HARD_LIMIT_BYTES, receive_hwm: int = RECEIVE_HWM,
-                 doorbell_reserve: int | None = None, log_interval_s: float = 10.0,
+                 doorbell_reserve: int | None = None, low_priority_room: int = LOW_PRIORITY_ROOM,
+                 log_interval_s: float = 10.0,
                  clock: Callable[[], float] = time.monotonic, security: SecurityConfig | None = None) -> None:
         import zmq
 
@@ -127,7 +134,9 @@ class Receiver:
         self.errors = 0  # unexpected exceptions survived by the loop
         self._out = out
         # train_metrics and bad-message notices leave this many slots free for the doorbells that matter
-        self._reserve = out.maxsize // 4 if doorbell_reserve is None else doorbell_reserve
+        reserve = out.maxsize // 4 if doorbell_reserve is None else doorbell_reserve
+        below_reserve = out.maxsize - reserve if out.maxsize > 0 else low_priority_room  # maxsize 0: unbounded
+        self._low_priority_room = min(low_priority_room, below_reserve)
         self._throttle = _Throttle(log_interval_s, clock)
         self._clock = clock
         self._connections = Connections()
@@ -251,8 +260,7 @@ class Receiver:
         self._offer(BAD_MESSAGE, (BAD_MESSAGE, str(exc)), low_priority=True)
 
     def _offer(self, kind: str, item: tuple[str, object], low_priority: bool) -> None:
-        maxsize = self._out.maxsize
-        if low_priority and maxsize > 0 and self._out.qsize() >= maxsize - self._reserve:
+        if low_priority and self._out.qsize() >= self._low_priority_room:
             self._drop(kind)
             return
         try:

@@ -195,9 +195,10 @@ def _offer(endpoint: str, frames: list[bytes], per_s: float) -> tuple[int, float
 @pytest.mark.slow  # a long fault/load run: ./scripts/test.sh -m slow
 def test_train_metrics_at_10k_a_second_keep_the_rss_bounded(tmp_path, procs, endpoints):
     """The trainer's own kind of message, valid, offered at 10,000 a second for 5 s, twice (issue 12: +94 MB
-    once). The first flood raises the allocator's high-water mark by how much was queued at its peak (37-59 MB
-    here, more on a loaded machine: 51 MB in one CI); what is kept must not grow with the messages, so the
-    second, equal flood may add little."""
+    once). The first flood raises the allocator's high-water mark by what was queued at its peak, at most
+    the receiver's LOW_PRIORITY_ROOM of them (~7 MB), plus evald's first writes of training points (+21-28 MB
+    here); what is kept must not grow with the messages, so the second, equal flood adds (nearly) nothing.
+    With 7,500 queued (3/4 of the queue) the first flood added 37-59 MB and the second up to 22 MB."""
     ckpt = tmp_path / "ckpt"
     faults.announce(ckpt, run_id=RUN_ID)
     faults.commit(ckpt, 10, run_id=RUN_ID)
@@ -228,8 +229,8 @@ def test_train_metrics_at_10k_a_second_keep_the_rss_bounded(tmp_path, procs, end
         "train_points_written": len(steps), "rss_before_mb": round(rss_before / 1024, 1),
         "rss_after_mb": round(rss_after / 1024, 1), "rss_after_the_second_flood_mb": round(rss_again / 1024, 1)}))
     assert evald.popen.poll() is None and offered_per_s > 9_000, offered_per_s
-    assert (rss_after - rss_before) / 1024 < 100                     # a high-water mark, not the messages
-    assert (rss_again - rss_after) / 1024 < 20                       # bounded: the same flood keeps nothing more
+    assert (rss_after - rss_before) / 1024 < 60                      # a high-water mark, not the messages
+    assert (rss_again - rss_after) / 1024 < 10                       # bounded: the same flood keeps nothing more
     assert steps == sorted(set(steps)) and len(steps) > 0  # each step at most once, in order
     evald.signal(signal.SIGTERM)
     assert evald.wait(120) == 0

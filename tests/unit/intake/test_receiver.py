@@ -192,6 +192,20 @@ def test_a_full_queue_drops_and_counts_instead_of_growing_or_blocking(receivers,
     assert receiver.rejected_by_reason == {"not_json": 50} and receiver.is_alive()
 
 
+def test_training_scalars_take_at_most_their_room_of_a_large_queue(receivers, push):
+    """A flood of train_metrics keeps at most ``low_priority_room`` of them queued, however large the
+    queue: what the flood leaves behind is that backlog, the allocator's high-water mark (issue 12)."""
+    out: queue.Queue = queue.Queue(maxsize=10_000)
+    receiver, _ = receivers(out, low_priority_room=5)
+    for step in range(40):
+        push.send(metrics_frame(step))
+    push.send(committed(10).encode())
+    wait_until(lambda: receiver.received == 41, "all 41 messages read")
+    kinds = [out.get_nowait()[1].TYPE for _ in range(out.qsize())]
+    assert kinds == ["train_metrics"] * 5 + ["checkpoint_committed"]
+    assert receiver.dropped_by_type == {"train_metrics": 35}
+
+
 def test_when_even_doorbells_do_not_fit_they_are_dropped_and_counted(receivers, push):
     out: queue.Queue = queue.Queue(maxsize=2)
     receiver, _ = receivers(out, doorbell_reserve=0)
