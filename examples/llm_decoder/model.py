@@ -20,6 +20,7 @@ The decode step's cost on MindSpore's CPU is moving the cache, not arithmetic (a
 the cache is read by one unstack (a strided slice ``cache[i, 0]`` per layer copied it several times
 slower), the scores use ``transpose_b`` (no transposed copy of the keys), and there is one write of
 the cache per call instead of a scatter per layer and a restack (bench/decode_step.py, docs/performance.md).
+That cache arithmetic is examples/kv_cache.py, shared with examples/tiny_lm; this file holds the model.
 
 The full forward and ``extend`` share every weight and the same per-position arithmetic, so the
 cached logits equal the full forward's up to float rounding (tests/unit/pipeline/test_llm_decoder.py).
@@ -33,6 +34,8 @@ import math
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
+
+from examples import kv_cache
 
 
 class RMSNorm(nn.Cell):
@@ -85,13 +88,7 @@ class Attention(nn.Cell):
         values (B, H, c, dh), which the caller writes into the cache once for every layer."""
         q, k, v = self.heads(x, cos, sin)
         b, _, c, _ = q.shape
-        # Two score blocks instead of one over a cache with the chunk written in: no per-layer copy of the cache.
-        # transpose_b: a transposed copy of the keys costs more than the product (bench/decode_step.py)
-        old = self.scores(q, keys) * self.scale + old_masked * -1e9
-        own = self.scores(q, k) * self.scale + chunk_masked * -1e9
-        p = ops.softmax(ops.cat((old, own), -1), axis=-1)
-        capacity = keys.shape[2]
-        y = ops.matmul(p[..., :capacity], values) + ops.matmul(p[..., capacity:], v)
+        y = kv_cache.attend_chunk(q, k, v, keys, values, old_masked, chunk_masked, self.scale, self.scores)
         return self.wo(y.transpose(0, 2, 1, 3).reshape(b, c, self.n_heads * self.d_head)), k, v
 
 
@@ -151,7 +148,7 @@ class LlamaDecoder(nn.Cell):
 
     # -- evald's cached decoding (evald.pipeline.tasks.generation.CachedDecoder) ----------------------
     def init_cache(self, batch: int, capacity: int):
-        return ops.zeros((self.n_layers, 2, batch, self.n_heads, capacity, self.d_head), ms.float32)
+        return kv_cache.init_cache(self.n_layers, batch, self.n_heads, capacity, self.d_head)
 
     def extend(self, tokens, start, read, cache):
         b = tokens.shape[0]
@@ -162,22 +159,17 @@ class LlamaDecoder(nn.Cell):
     def _extend_hidden(self, tokens, start, cache):
         """The chunk's final hidden states (B, c, d), before the final norm, and the cache with its keys and
         values written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
-        b, c = tokens.shape
-        layers, _, _, heads, capacity, d_head = cache.shape
-        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
-                                capacity - 1)                                  # padding clamps to the end
+        c, capacity = tokens.shape[1], cache.shape[4]
+        positions = kv_cache.chunk_positions(start, c, capacity)
         cos, sin = self.rotary(positions)
-        old_masked, chunk_masked = attention_masks(start, c, capacity)
-        # unstack, not cache[i, 0]: on MindSpore's CPU a strided slice of the cache copies it slowly
-        # (bench/decode_step.py)
-        kv = ops.unstack(cache.reshape((layers * 2,) + cache.shape[2:]), 0)
+        old_masked, chunk_masked = kv_cache.attention_masks(start, c, capacity)
+        kv = kv_cache.layer_caches(cache)
         x = self.embed(tokens)
         written = []
         for i, block in enumerate(self.blocks):
             x, k, v = block.extend(x, cos, sin, old_masked, chunk_masked, kv[2 * i], kv[2 * i + 1])
             written += [k, v]
-        chunk = ops.stack(written).reshape(layers, 2, b, heads, c, d_head)
-        return x, write_chunk(cache, chunk, positions)
+        return x, kv_cache.write_chunk(cache, written, positions)
 
     # -- evald's context forks (evald.pipeline.tasks.generation.CachedScorer) -------------------------
     def extend_all(self, tokens, start, cache):
@@ -185,28 +177,7 @@ class LlamaDecoder(nn.Cell):
         return self.head(self.norm(x)), cache
 
     def cache_rows(self, cache, rows):
-        return ops.gather(cache, rows, 2)                                      # (layers, 2, B, H, C, dh)
-
-
-def attention_masks(start, c: int, capacity: int):
-    """What a chunk of c tokens at ``start`` (B,) does not see, as 1.0: the cache's positions from the row's
-    start on (B, 1, 1, capacity), which hold nothing of this row yet or are the chunk's own, and the chunk's
-    later tokens (1, 1, c, c). Each token sees the cache's positions before ``start`` and the chunk's tokens
-    up to itself: the positions up to its own, as the full forward does."""
-    b = start.shape[0]
-    old = (ops.arange(capacity).reshape(1, 1, 1, capacity) >= start.reshape(b, 1, 1, 1).astype(ms.int64))
-    index = ops.arange(c)
-    own = (index.reshape(1, 1, 1, c) > index.reshape(1, 1, c, 1))
-    return old.astype(ms.float32), own.astype(ms.float32)
-
-
-def write_chunk(cache, chunk, positions):
-    """``cache`` (layers, 2, B, H, capacity, dh) with ``chunk`` (layers, 2, B, H, c, dh) written at each row's
-    ``positions`` (B, c), clamped to capacity - 1: one scatter into the whole cache per call, not one per
-    layer and a restack (a select of the cache's one position per row was no faster for a decode step)."""
-    layers, _, b, heads, c, d_head = chunk.shape
-    where = positions.reshape(1, 1, b, 1, c, 1).broadcast_to(chunk.shape)
-    return ops.tensor_scatter_elements(cache, where, chunk, axis=4)
+        return kv_cache.cache_rows(cache, rows)
 
 
 def build_model(vocab_size: int = 32000, d_model: int = 512, n_layers: int = 8, n_heads: int = 8,

@@ -9,7 +9,8 @@ evald.pipeline.tasks.generation.CachedDecoder): a static key/value cache of (lay
 capacity, d_head), so generation prefills a context once and then runs one token per row per step. Each
 layer attends a chunk to the cache's positions before its start and to the chunk's own tokens up to
 each one; every layer's keys and values are scattered into the cache once, at the end (the decode
-step's cost on MindSpore's CPU is moving the cache: see examples/llm_decoder/model.py). It also
+step's cost on MindSpore's CPU is moving the cache: examples/kv_cache.py, shared with
+examples/llm_decoder, holds that arithmetic). It also
 implements evald's context forks (``extend_all`` / ``cache_rows``, CachedScorer), so that diverging
 multi-token choices share their context's forward.
 """
@@ -21,6 +22,8 @@ import math
 import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
+
+from examples import kv_cache
 
 
 class CausalSelfAttention(nn.Cell):
@@ -50,15 +53,9 @@ class CausalSelfAttention(nn.Cell):
         values (``chunk_masked`` (1, 1, c, c): 1 above the diagonal): their output and their keys and values
         (B, H, c, dh), which the caller writes into the cache once for every layer."""
         b, c, d = x.shape
-        capacity = keys.shape[2]
         qkv = self.qkv(x).reshape(b, c, 3, self.n_heads, self.d_head).transpose(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]                                       # (B, H, c, dh)
-        # two score blocks, not one over a cache with the chunk written in: no per-layer copy of the cache;
-        # transpose_b: no transposed copy of the keys
-        old = self.scores(q, keys) * self.scale + old_masked * -1e9
-        own = self.scores(q, k) * self.scale + chunk_masked * -1e9
-        att = ops.softmax(ops.cat((old, own), -1), axis=-1)
-        y = ops.matmul(att[..., :capacity], values) + ops.matmul(att[..., capacity:], v)
+        y = kv_cache.attend_chunk(q, k, v, keys, values, old_masked, chunk_masked, self.scale, self.scores)
         return self.proj(y.transpose(0, 2, 1, 3).reshape(b, c, d)), k, v
 
 
@@ -102,7 +99,7 @@ class TinyGPT(nn.Cell):
 
     # -- evald's cached decoding (evald.pipeline.tasks.generation.CachedDecoder) ----------------------
     def init_cache(self, batch: int, capacity: int):
-        return ops.zeros((self.n_layers, 2, batch, self.n_heads, capacity, self.d_head), ms.float32)
+        return kv_cache.init_cache(self.n_layers, batch, self.n_heads, capacity, self.d_head)
 
     def extend(self, tokens, start, read, cache):
         b = tokens.shape[0]
@@ -114,22 +111,16 @@ class TinyGPT(nn.Cell):
     def _extend_hidden(self, tokens, start, cache):
         """The chunk's final hidden states (B, c, d), before ``ln_f``, and the cache with its keys and values
         written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
-        b, c = tokens.shape
-        layers, _, _, heads, capacity, d_head = cache.shape
-        positions = ops.minimum(start.reshape(b, 1) + ops.arange(c).reshape(1, c).astype(start.dtype),
-                                capacity - 1)                                  # padding clamps to the end
-        old_masked, chunk_masked = attention_masks(start, c, capacity)
-        # unstack, not cache[i, 0]: on MindSpore's CPU a strided slice of the cache copies it slowly
-        # (bench/decode_step.py)
-        kv = ops.unstack(cache.reshape((layers * 2,) + cache.shape[2:]), 0)
+        c, capacity = tokens.shape[1], cache.shape[4]
+        positions = kv_cache.chunk_positions(start, c, capacity)
+        old_masked, chunk_masked = kv_cache.attention_masks(start, c, capacity)
+        kv = kv_cache.layer_caches(cache)
         x = self.tok(tokens) + self.pos(positions)
         written = []
         for i, block in enumerate(self.blocks):
             x, k, v = block.extend(x, old_masked, chunk_masked, kv[2 * i], kv[2 * i + 1])
             written += [k, v]
-        chunk = ops.stack(written).reshape(layers, 2, b, heads, c, d_head)
-        where = positions.reshape(1, 1, b, 1, c, 1).broadcast_to(chunk.shape)
-        return x, ops.tensor_scatter_elements(cache, where, chunk, axis=4)   # one write of the whole cache
+        return x, kv_cache.write_chunk(cache, written, positions)
 
     # -- evald's context forks (evald.pipeline.tasks.generation.CachedScorer) -------------------------
     def extend_all(self, tokens, start, cache):
@@ -137,19 +128,7 @@ class TinyGPT(nn.Cell):
         return self.head(self.ln_f(x)), cache
 
     def cache_rows(self, cache, rows):
-        return ops.gather(cache, rows, 2)                                      # (layers, 2, B, H, C, dh)
-
-
-def attention_masks(start, c: int, capacity: int):
-    """What a chunk of c tokens at ``start`` (B,) does not see, as 1.0: the cache's positions from the row's
-    start on (B, 1, 1, capacity), which hold nothing of this row yet or are the chunk's own, and the chunk's
-    later tokens (1, 1, c, c). Each token sees the cache's positions before ``start`` and the chunk's tokens
-    up to itself: the positions up to its own, as the full forward does."""
-    b = start.shape[0]
-    old = ops.arange(capacity).reshape(1, 1, 1, capacity) >= start.reshape(b, 1, 1, 1).astype(ms.int64)
-    index = ops.arange(c)
-    own = index.reshape(1, 1, 1, c) > index.reshape(1, 1, c, 1)
-    return old.astype(ms.float32), own.astype(ms.float32)
+        return kv_cache.cache_rows(cache, rows)
 
 
 class LMLoss(nn.Cell):
