@@ -153,9 +153,11 @@ class SuiteRunner:
         # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
         self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self._started, self._ready = started, False
-        # the graphs: compiled by warm_next, one a call, or by warm_up; forks only help log-likelihood choices
-        forks = any(task["output_type"] in ("multiple_choice", "loglikelihood") for task in tasks.values())
-        self._warming = self.scorer.warming(forks=forks)
+        # the graphs: compiled by warm_next, one a call, or by warm_up. Only what the tasks run: forks help
+        # log-likelihood choices, generation graphs serve generate_until (a bits-per-byte suite needs neither)
+        kinds = {task["output_type"] for task in tasks.values()}
+        self._warming = self.scorer.warming(generate="generate_until" in kinds,
+                                            forks=bool(kinds & {"multiple_choice", "loglikelihood"}))
 
     def warm_next(self) -> bool:
         """Compile the next of the suite's graphs (seconds each, so evald can validate a checkpoint between two

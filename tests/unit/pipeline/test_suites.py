@@ -122,6 +122,7 @@ def test_bits_per_byte_over_many_held_out_sets(include, network, tmp_path):
     result = runner.run()
     assert len(result.tasks) >= 10
     assert runner.scorer.forks and not runner.scorer._fork_ready   # rolling windows never fork: no fork graph
+    assert runner.scorer.cached and result.compiled_graphs == len(runner.scorer.lengths)  # nor generate: scoring only
     for task in result.tasks.values():
         lls = [s["metrics"]["bits_per_byte"] for s in task.samples]   # per document: (loglikelihood, bytes)
         recomputed = -sum(ll for ll, _ in lls) / sum(n for _, n in lls) / math.log(2)
