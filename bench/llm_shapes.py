@@ -87,6 +87,49 @@ def result_row(counted: str, count: int, needed: int, run: Timed, floor: float) 
             "graphs_compiled_in_run": run.compiled}
 
 
+def vs_old(old_s: float, evald_s: float) -> dict[str, float]:
+    """The old path's time, scaled to the whole workload, and evald's speed-up over it."""
+    return {"old_s_scaled": old_s, "speedup_vs_old": old_s / evald_s}
+
+
+def time_old_subset(old_scorer: Any, subset: list, length: int, total: int, evald_s: float) -> dict[str, float]:
+    """The old path scoring ``subset`` (its bucket for ``length`` tokens compiled first, untimed), scaled to
+    ``total`` requests, next to evald's ``evald_s`` for all of them."""
+    import numpy as np
+
+    zeros = np.zeros((1, old_scorer.bucket_for(length)), np.int32)
+    old_scorer._score_batch(zeros, zeros)
+    begin = time.perf_counter()
+    old_scorer.score(subset)
+    return vs_old((time.perf_counter() - begin) * total / len(subset), evald_s)
+
+
+def time_old_generation(old_scorer: Any, context: list[int], new_tokens: int, evald_out: list[list[int]],
+                        evald_s: float) -> dict:
+    """The old path generating ``new_tokens`` after ``context`` (its bucket compiled first, untimed), scaled per
+    token to all the tokens evald generated (``evald_out``, in ``evald_s``); its tokens against evald's first row."""
+    import numpy as np
+
+    from evald.pipeline.suites.scoring import GenerateRequest
+
+    n = old_scorer.bucket_for(len(context) + new_tokens)
+    old_scorer._next_tokens(np.zeros((1, n), np.int32), np.zeros(1, np.int32))
+    begin = time.perf_counter()
+    old_out = old_scorer.generate([GenerateRequest(context, new_tokens)])[0]
+    per_token = (time.perf_counter() - begin) / len(old_out)
+    return {**vs_old(per_token * sum(len(o) for o in evald_out), evald_s),
+            "old_tokens_equal": old_out == evald_out[0][:len(old_out)]}
+
+
+def compare_with_old(mine: list, theirs: list) -> dict:
+    """The same numbers? evald's scores of a subset against the old path's scores of it."""
+    import numpy as np
+
+    return {"max_rel_diff_vs_old": float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
+                                             for a, b in zip(mine, theirs))),
+            "is_greedy_equal_vs_old": all(a.is_greedy == b.is_greedy for a, b in zip(mine, theirs))}
+
+
 def emit(report: dict, workload: str, row: dict) -> None:
     """Keep ``row`` in the report under ``workload`` and print it as one JSON line."""
     report[workload] = row
@@ -160,14 +203,6 @@ def main(argv: list[str] | None = None) -> dict:
     old = _old_scoring() if not args.no_old else None
     old_scorer = old.TokenScorer(net, batch_size=1) if old else None
 
-    def old_time(requests, n: int) -> float:
-        """The old path on ``requests`` (its bucket compiled first, untimed)."""
-        zeros = np.zeros((1, n), np.int32)
-        old_scorer._score_batch(zeros, zeros)
-        begin = time.perf_counter()
-        old_scorer.score(requests)
-        return time.perf_counter() - begin
-
     if "mc" in workloads:
         contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
         choices = [ids(4) for _ in contexts]
@@ -177,13 +212,9 @@ def main(argv: list[str] | None = None) -> dict:
         row = result_row("requests", len(requests), sum(len(c) for c in contexts), run, floor)
         if old:
             subset = requests[:4]
-            old_s = old_time(subset, old_scorer.bucket_for(args.mc_context)) * len(requests) / len(subset)
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / run.seconds)
-            mine = scorer.score(subset)
-            theirs = old_scorer.score(subset)
-            row["max_rel_diff_vs_old"] = float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
-                                                   for a, b in zip(mine, theirs)))
-            row["is_greedy_equal_vs_old"] = all(a.is_greedy == b.is_greedy for a, b in zip(mine, theirs))
+            row.update(time_old_subset(old_scorer, subset, args.mc_context, len(requests), run.seconds))
+            mine = scorer.score(subset)   # scored again on its own (mcx compares the run's own scores)
+            row.update(compare_with_old(mine, old_scorer.score(subset)))
         emit(report, "mc", row)
 
     if "mcx" in workloads:
@@ -213,12 +244,8 @@ def main(argv: list[str] | None = None) -> dict:
         row = result_row("requests", len(requests), g * (args.mc_context - 1) + 4 * g * m, run, floor)
         if old:
             subset = requests[:4]
-            old_s = old_time(subset, old_scorer.bucket_for(args.mc_context + m)) * len(requests) / len(subset)
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / run.seconds)
-            theirs = old_scorer.score(subset)
-            row["max_rel_diff_vs_old"] = float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
-                                                   for a, b in zip(run.out[:4], theirs)))
-            row["is_greedy_equal_vs_old"] = all(a.is_greedy == b.is_greedy for a, b in zip(run.out[:4], theirs))
+            row.update(time_old_subset(old_scorer, subset, args.mc_context + m, len(requests), run.seconds))
+            row.update(compare_with_old(run.out[:4], old_scorer.score(subset)))
         emit(report, "mcx", row)
 
     if "bpb" in workloads:
@@ -234,9 +261,7 @@ def main(argv: list[str] | None = None) -> dict:
                                    for w in windows]) if same else float("nan")
         row = result_row("windows", len(windows), sum(len(r) for r in rows), run, floor)
         if old:
-            subset = windows[:2]
-            old_s = old_time(subset, old_scorer.bucket_for(len(rows[0]))) * len(windows) / len(subset)
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / run.seconds)
+            row.update(time_old_subset(old_scorer, windows[:2], len(rows[0]), len(windows), run.seconds))
         emit(report, "bpb", row)
 
     if "gen" in workloads:
@@ -264,15 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
                "padding_overhead": run.padded / run.real - 1, "graphs_compiled_in_run": run.compiled,
                "decoding": scorer.decoding}
         if old:
-            subset = [GenerateRequest(contexts[0], args.old_gen_tokens)]
-            n = old_scorer.bucket_for(args.gen_context + args.old_gen_tokens)
-            old_scorer._next_tokens(np.zeros((1, n), np.int32), np.zeros(1, np.int32))
-            begin = time.perf_counter()
-            old_out = old_scorer.generate(subset)[0]
-            per_token = (time.perf_counter() - begin) / len(old_out)
-            old_s = per_token * new
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / run.seconds,
-                       old_tokens_equal=old_out == run.out[0][:len(old_out)])
+            row.update(time_old_generation(old_scorer, contexts[0], args.old_gen_tokens, run.out, run.seconds))
         emit(report, "gen", row)
 
     report["graphs_at_end"] = scorer.compiled_graphs
