@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "8bf67c1"   # the engine before issue 28
@@ -58,6 +59,81 @@ def _old_scoring():
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Timed(NamedTuple):
+    """One timed call of the scorer: its output, wall seconds, and what the scorer's counters moved by."""
+    out: Any
+    seconds: float
+    real: int       # real tokens run
+    padded: int     # padded tokens run
+    compiled: int   # graphs compiled
+
+
+def timed(scorer: Any, call: Callable[[], Any]) -> Timed:
+    before = (scorer.stats.real_tokens, scorer.stats.padded_tokens, scorer.compiled_graphs)
+    begin = time.perf_counter()
+    out = call()
+    seconds = time.perf_counter() - begin
+    return Timed(out, seconds, scorer.stats.real_tokens - before[0], scorer.stats.padded_tokens - before[1],
+                 scorer.compiled_graphs - before[2])
+
+
+def result_row(counted: str, count: int, needed: int, run: Timed, floor: float) -> dict:
+    """The row of a scoring workload (mc, mcx, bpb); ``counted`` names what ``count`` counts (requests, windows)."""
+    return {counted: count, "needed_tokens": needed, "evald_s": run.seconds, "floor_s": floor,
+            "ratio_to_floor": run.seconds / floor, "evald_tokens_per_s": needed / run.seconds,
+            "floor_tokens_per_s": needed / floor, "padding_overhead": run.padded / run.real - 1,
+            "graphs_compiled_in_run": run.compiled}
+
+
+def vs_old(old_s: float, evald_s: float) -> dict[str, float]:
+    """The old path's time, scaled to the whole workload, and evald's speed-up over it."""
+    return {"old_s_scaled": old_s, "speedup_vs_old": old_s / evald_s}
+
+
+def time_old_subset(old_scorer: Any, subset: list, length: int, total: int, evald_s: float) -> dict[str, float]:
+    """The old path scoring ``subset`` (its bucket for ``length`` tokens compiled first, untimed), scaled to
+    ``total`` requests, next to evald's ``evald_s`` for all of them."""
+    import numpy as np
+
+    zeros = np.zeros((1, old_scorer.bucket_for(length)), np.int32)
+    old_scorer._score_batch(zeros, zeros)
+    begin = time.perf_counter()
+    old_scorer.score(subset)
+    return vs_old((time.perf_counter() - begin) * total / len(subset), evald_s)
+
+
+def time_old_generation(old_scorer: Any, context: list[int], new_tokens: int, evald_out: list[list[int]],
+                        evald_s: float) -> dict:
+    """The old path generating ``new_tokens`` after ``context`` (its bucket compiled first, untimed), scaled per
+    token to all the tokens evald generated (``evald_out``, in ``evald_s``); its tokens against evald's first row."""
+    import numpy as np
+
+    from evald.pipeline.suites.scoring import GenerateRequest
+
+    n = old_scorer.bucket_for(len(context) + new_tokens)
+    old_scorer._next_tokens(np.zeros((1, n), np.int32), np.zeros(1, np.int32))
+    begin = time.perf_counter()
+    old_out = old_scorer.generate([GenerateRequest(context, new_tokens)])[0]
+    per_token = (time.perf_counter() - begin) / len(old_out)
+    return {**vs_old(per_token * sum(len(o) for o in evald_out), evald_s),
+            "old_tokens_equal": old_out == evald_out[0][:len(old_out)]}
+
+
+def compare_with_old(mine: list, theirs: list) -> dict:
+    """The same numbers? evald's scores of a subset against the old path's scores of it."""
+    import numpy as np
+
+    return {"max_rel_diff_vs_old": float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
+                                             for a, b in zip(mine, theirs))),
+            "is_greedy_equal_vs_old": all(a.is_greedy == b.is_greedy for a, b in zip(mine, theirs))}
+
+
+def emit(report: dict, workload: str, row: dict) -> None:
+    """Keep ``row`` in the report under ``workload`` and print it as one JSON line."""
+    report[workload] = row
+    print(json.dumps({workload: row}), flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -124,54 +200,29 @@ def main(argv: list[str] | None = None) -> dict:
         reader(tokens, reads)[0].asnumpy()
         return time.perf_counter() - begin
 
-    def timed(call):
-        before = (scorer.stats.real_tokens, scorer.stats.padded_tokens, scorer.compiled_graphs)
-        begin = time.perf_counter()
-        out = call()
-        seconds = time.perf_counter() - begin
-        return out, seconds, scorer.stats.real_tokens - before[0], scorer.stats.padded_tokens - before[1], \
-            scorer.compiled_graphs - before[2]
-
     old = _old_scoring() if not args.no_old else None
     old_scorer = old.TokenScorer(net, batch_size=1) if old else None
-
-    def old_time(requests, n: int) -> float:
-        """The old path on ``requests`` (its bucket compiled first, untimed)."""
-        zeros = np.zeros((1, n), np.int32)
-        old_scorer._score_batch(zeros, zeros)
-        begin = time.perf_counter()
-        old_scorer.score(requests)
-        return time.perf_counter() - begin
 
     if "mc" in workloads:
         contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
         choices = [ids(4) for _ in contexts]
         requests = [ScoreRequest(c, [k]) for c, ks in zip(contexts, choices) for k in ks]
-        scores, seconds, real, padded, compiled = timed(lambda: scorer.score(requests))
+        run = timed(scorer, lambda: scorer.score(requests))
         floor = floor_score(contexts, [[(len(c) - 1, k) for k in ks] for c, ks in zip(contexts, choices)])
-        needed = sum(len(c) for c in contexts)
-        row = {"requests": len(requests), "needed_tokens": needed, "evald_s": seconds, "floor_s": floor,
-               "ratio_to_floor": seconds / floor, "evald_tokens_per_s": needed / seconds,
-               "floor_tokens_per_s": needed / floor, "padding_overhead": padded / real - 1,
-               "graphs_compiled_in_run": compiled}
+        row = result_row("requests", len(requests), sum(len(c) for c in contexts), run, floor)
         if old:
             subset = requests[:4]
-            old_s = old_time(subset, old_scorer.bucket_for(args.mc_context)) * len(requests) / len(subset)
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds)
-            mine = scorer.score(subset)
-            theirs = old_scorer.score(subset)
-            row["max_rel_diff_vs_old"] = float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
-                                                   for a, b in zip(mine, theirs)))
-            row["is_greedy_equal_vs_old"] = all(a.is_greedy == b.is_greedy for a, b in zip(mine, theirs))
-        report["mc"] = row
-        print(json.dumps({"mc": row}), flush=True)
+            row.update(time_old_subset(old_scorer, subset, args.mc_context, len(requests), run.seconds))
+            mine = scorer.score(subset)   # scored again on its own (mcx compares the run's own scores)
+            row.update(compare_with_old(mine, old_scorer.score(subset)))
+        emit(report, "mc", row)
 
     if "mcx" in workloads:
         m = args.mc_choice_tokens
         contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
         choices = [[ids(m) for _ in range(4)] for _ in contexts]
         requests = [ScoreRequest(c, k) for c, ks in zip(contexts, choices) for k in ks]
-        scores, seconds, real, padded, compiled = timed(lambda: scorer.score(requests))
+        run = timed(scorer, lambda: scorer.score(requests))
         # the floor: every context prefilled once in one batch at its exact length (but its last token), then
         # every choice once (the context's last token and the choice but its last) on a copy of its cache
         g = len(contexts)
@@ -190,21 +241,12 @@ def main(argv: list[str] | None = None) -> dict:
             _, cache = extend(prefix, zeros, ms.Tensor(np.full(g, args.mc_context - 2, np.int32)), cache)
             fork(cache, rows, chunks, start, reads)[0].asnumpy()
             floor = time.perf_counter() - begin
-        needed = g * (args.mc_context - 1) + 4 * g * m
-        row = {"requests": len(requests), "needed_tokens": needed, "evald_s": seconds, "floor_s": floor,
-               "ratio_to_floor": seconds / floor, "evald_tokens_per_s": needed / seconds,
-               "floor_tokens_per_s": needed / floor, "padding_overhead": padded / real - 1,
-               "graphs_compiled_in_run": compiled}
+        row = result_row("requests", len(requests), g * (args.mc_context - 1) + 4 * g * m, run, floor)
         if old:
             subset = requests[:4]
-            old_s = old_time(subset, old_scorer.bucket_for(args.mc_context + m)) * len(requests) / len(subset)
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds)
-            theirs = old_scorer.score(subset)
-            row["max_rel_diff_vs_old"] = float(max(np.max(np.abs(a.logprobs - b.logprobs) / np.abs(b.logprobs))
-                                                   for a, b in zip(scores[:4], theirs)))
-            row["is_greedy_equal_vs_old"] = all(a.is_greedy == b.is_greedy for a, b in zip(scores[:4], theirs))
-        report["mcx"] = row
-        print(json.dumps({"mcx": row}), flush=True)
+            row.update(time_old_subset(old_scorer, subset, args.mc_context + m, len(requests), run.seconds))
+            row.update(compare_with_old(run.out[:4], old_scorer.score(subset)))
+        emit(report, "mcx", row)
 
     if "bpb" in workloads:
         windows = []
@@ -212,27 +254,20 @@ def main(argv: list[str] | None = None) -> dict:
             for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
                     token_list=ids(args.bpb_doc), prefix_token=0, max_seq_len=args.max_length, context_len=1)):
                 windows.append(ScoreRequest(context, continuation))
-        scores, seconds, real, padded, compiled = timed(lambda: scorer.score(windows))
+        run = timed(scorer, lambda: scorer.score(windows))
         rows = [(list(w.context) + list(w.continuation))[:-1] for w in windows]
         same = len({len(r) for r in rows}) == 1
         floor = floor_score(rows, [[(p, t) for p, t in enumerate((list(w.context) + list(w.continuation))[1:])]
                                    for w in windows]) if same else float("nan")
-        needed = sum(len(r) for r in rows)
-        row = {"windows": len(windows), "needed_tokens": needed, "evald_s": seconds, "floor_s": floor,
-               "ratio_to_floor": seconds / floor, "evald_tokens_per_s": needed / seconds,
-               "floor_tokens_per_s": needed / floor, "padding_overhead": padded / real - 1,
-               "graphs_compiled_in_run": compiled}
+        row = result_row("windows", len(windows), sum(len(r) for r in rows), run, floor)
         if old:
-            subset = windows[:2]
-            old_s = old_time(subset, old_scorer.bucket_for(len(rows[0]))) * len(windows) / len(subset)
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds)
-        report["bpb"] = row
-        print(json.dumps({"bpb": row}), flush=True)
+            row.update(time_old_subset(old_scorer, windows[:2], len(rows[0]), len(windows), run.seconds))
+        emit(report, "bpb", row)
 
     if "gen" in workloads:
         contexts = [ids(args.gen_context) for _ in range(args.gen_contexts)]
         requests = [GenerateRequest(c, args.gen_tokens) for c in contexts]
-        outputs, seconds, real, padded, compiled = timed(lambda: scorer.generate(requests))
+        run = timed(scorer, lambda: scorer.generate(requests))
         # the cached floor: one prefill at the exact context length, one decode step per token, all rows at once
         g, capacity = len(contexts), args.gen_context + args.gen_tokens
         tokens = ms.Tensor(np.asarray(contexts, np.int32))
@@ -248,23 +283,14 @@ def main(argv: list[str] | None = None) -> dict:
                 best, cache = extend(step, ms.Tensor(np.full(g, args.gen_context + k, np.int32)), zeros, cache)
                 chosen = best.asnumpy()
             floor = time.perf_counter() - begin
-        new = sum(len(o) for o in outputs)
-        row = {"contexts": g, "new_tokens": new, "evald_s": seconds, "cached_floor_s": floor,
-               "ratio_to_floor": seconds / floor, "evald_new_tokens_per_s": new / seconds,
-               "padding_overhead": padded / real - 1, "graphs_compiled_in_run": compiled,
+        new = sum(len(o) for o in run.out)
+        row = {"contexts": g, "new_tokens": new, "evald_s": run.seconds, "cached_floor_s": floor,
+               "ratio_to_floor": run.seconds / floor, "evald_new_tokens_per_s": new / run.seconds,
+               "padding_overhead": run.padded / run.real - 1, "graphs_compiled_in_run": run.compiled,
                "decoding": scorer.decoding}
         if old:
-            subset = [GenerateRequest(contexts[0], args.old_gen_tokens)]
-            n = old_scorer.bucket_for(args.gen_context + args.old_gen_tokens)
-            old_scorer._next_tokens(np.zeros((1, n), np.int32), np.zeros(1, np.int32))
-            begin = time.perf_counter()
-            old_out = old_scorer.generate(subset)[0]
-            per_token = (time.perf_counter() - begin) / len(old_out)
-            old_s = per_token * new
-            row.update(old_s_scaled=old_s, speedup_vs_old=old_s / seconds,
-                       old_tokens_equal=old_out == outputs[0][:len(old_out)])
-        report["gen"] = row
-        print(json.dumps({"gen": row}), flush=True)
+            row.update(time_old_generation(old_scorer, contexts[0], args.old_gen_tokens, run.out, run.seconds))
+        emit(report, "gen", row)
 
     report["graphs_at_end"] = scorer.compiled_graphs
     report["peak_rss_mb"] = _peak_rss_mb()
