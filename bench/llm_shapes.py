@@ -18,6 +18,10 @@ measured three ways side by side:
   (as EvaldLM.loglikelihood_rolling does);
 * ``gen``: greedy generation of ``--gen-tokens`` tokens after 900-token contexts (no stop, no EOS).
 
+The scorer's bucket lengths are fitted to the rows of the workloads that run (``TokenScorer.plan_rows`` /
+``plan_generate`` / ``fit_lengths``), as a suite fits them in its dry run, unless ``--lengths`` names them;
+one workload a process measures it as one suite.
+
 For each: **evald** (TokenScorer.score / generate as the adapter calls them; graphs compiled at start,
 not timed); the **floor** (the same network, in process: one forward over each distinct context at its
 exact length, all in one batch, reading the needed log-probabilities on the device; for generation one
@@ -144,8 +148,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--max-length", type=int, default=2048)
     parser.add_argument("--batch-size", default="1", help="TokenScorer batch_size (a number or auto)")
-    parser.add_argument("--lengths", default="", help="bucket lengths, e.g. 768,1024 (default: evald's ladder; "
-                        "fewer buckets compile faster on a loaded machine)")
+    parser.add_argument("--lengths", default="", help="bucket lengths, e.g. 768,1024 (default: fitted to the "
+                        "workloads' rows, as a suite fits them; the ladder caps their number)")
     parser.add_argument("--mc-questions", type=int, default=6)
     parser.add_argument("--mc-context", type=int, default=650)
     parser.add_argument("--mc-choice-tokens", type=int, default=20)
@@ -177,10 +181,42 @@ def main(argv: list[str] | None = None) -> dict:
     workloads = args.workloads.split(",")
     report: dict = {"args": vars(args), "model_params": sum(int(np.prod(p.shape)) for p in net.get_parameters())}
 
+    # the workloads' requests first (in this order: the random ids do not depend on which workloads run)
+    if "mc" in workloads:
+        mc_contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
+        mc_choices = [ids(4) for _ in mc_contexts]
+        mc_requests = [ScoreRequest(c, [k]) for c, ks in zip(mc_contexts, mc_choices) for k in ks]
+    if "mcx" in workloads:
+        m = args.mc_choice_tokens
+        mcx_contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
+        mcx_choices = [[ids(m) for _ in range(4)] for _ in mcx_contexts]
+        mcx_requests = [ScoreRequest(c, k) for c, ks in zip(mcx_contexts, mcx_choices) for k in ks]
+    if "bpb" in workloads:
+        windows = []
+        for _ in range(args.bpb_sets):
+            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=ids(args.bpb_doc), prefix_token=0, max_seq_len=args.max_length, context_len=1)):
+                windows.append(ScoreRequest(context, continuation))
+    if "gen" in workloads:
+        gen_contexts = [ids(args.gen_context) for _ in range(args.gen_contexts)]
+        gen_requests = [GenerateRequest(c, args.gen_tokens) for c in gen_contexts]
+
     started = time.perf_counter()
     lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
     scorer = TokenScorer(net, batch_size=batch_size, lengths=lengths)
-    scorer.warm_up(generate="gen" in workloads)
+    # as a suite does (SuiteRunner's dry run): buckets fitted to the rows the workloads run, then only the
+    # graphs they use (forks for multiple choice, generation graphs for gen)
+    planned: list[int] = []
+    if "mc" in workloads:
+        planned += scorer.plan_rows(mc_requests)
+    if "mcx" in workloads:
+        planned += scorer.plan_rows(mcx_requests)
+    if "bpb" in workloads:
+        planned += scorer.plan_rows(windows)
+    if "gen" in workloads:
+        planned += scorer.plan_generate(gen_requests)
+    scorer.fit_lengths(planned)
+    scorer.warm_up(generate="gen" in workloads, forks="mc" in workloads or "mcx" in workloads)
     report["warm_up_s"] = time.perf_counter() - started
     report["buckets"] = [list(b) for b in scorer.buckets]
     report["graphs_at_start"] = scorer.compiled_graphs
@@ -204,9 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     old_scorer = old.TokenScorer(net, batch_size=1) if old else None
 
     if "mc" in workloads:
-        contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
-        choices = [ids(4) for _ in contexts]
-        requests = [ScoreRequest(c, [k]) for c, ks in zip(contexts, choices) for k in ks]
+        contexts, choices, requests = mc_contexts, mc_choices, mc_requests
         run = timed(scorer, lambda: scorer.score(requests))
         floor = floor_score(contexts, [[(len(c) - 1, k) for k in ks] for c, ks in zip(contexts, choices)])
         row = result_row("requests", len(requests), sum(len(c) for c in contexts), run, floor)
@@ -218,10 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
         emit(report, "mc", row)
 
     if "mcx" in workloads:
-        m = args.mc_choice_tokens
-        contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
-        choices = [[ids(m) for _ in range(4)] for _ in contexts]
-        requests = [ScoreRequest(c, k) for c, ks in zip(contexts, choices) for k in ks]
+        contexts, choices, requests = mcx_contexts, mcx_choices, mcx_requests
         run = timed(scorer, lambda: scorer.score(requests))
         # the floor: every context prefilled once in one batch at its exact length (but its last token), then
         # every choice once (the context's last token and the choice but its last) on a copy of its cache
@@ -249,11 +280,6 @@ def main(argv: list[str] | None = None) -> dict:
         emit(report, "mcx", row)
 
     if "bpb" in workloads:
-        windows = []
-        for _ in range(args.bpb_sets):
-            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
-                    token_list=ids(args.bpb_doc), prefix_token=0, max_seq_len=args.max_length, context_len=1)):
-                windows.append(ScoreRequest(context, continuation))
         run = timed(scorer, lambda: scorer.score(windows))
         rows = [(list(w.context) + list(w.continuation))[:-1] for w in windows]
         same = len({len(r) for r in rows}) == 1
@@ -265,8 +291,7 @@ def main(argv: list[str] | None = None) -> dict:
         emit(report, "bpb", row)
 
     if "gen" in workloads:
-        contexts = [ids(args.gen_context) for _ in range(args.gen_contexts)]
-        requests = [GenerateRequest(c, args.gen_tokens) for c in contexts]
+        contexts, requests = gen_contexts, gen_requests
         run = timed(scorer, lambda: scorer.generate(requests))
         # the cached floor: one prefill at the exact context length, one decode step per token, all rows at once
         g, capacity = len(contexts), args.gen_context + args.gen_tokens

@@ -186,6 +186,16 @@ class GroupScorer:
         return {**fields, "scorer": scorer_settings(self.local), "ranks": self.ranks,
                 "tensor_parallel": self.tensor_parallel}
 
+    def plan_rows(self, requests: Sequence[ScoreRequest]) -> list[int]:
+        return self.local.plan_rows(requests)
+
+    def plan_generate(self, requests: Sequence[GenerateRequest]) -> list[int]:
+        return self.local.plan_generate(requests)
+
+    def fit_lengths(self, row_lengths: Sequence[int]) -> tuple[int, ...]:
+        """Rank 0's scorer fits its buckets; every WARM, SCORE and GENERATE carries its lengths to the others."""
+        return self.local.fit_lengths(row_lengths)
+
     def vocab_size(self) -> int:
         if self._vocab is None:
             self.warm_up(generate=False, forks=False)

@@ -153,11 +153,39 @@ class SuiteRunner:
         # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
         self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self._started, self._ready = started, False
+        self._plan_buckets()
         # the graphs: compiled by warm_next, one a call, or by warm_up. Only what the tasks run: forks help
         # log-likelihood choices, generation graphs serve generate_until (a bits-per-byte suite needs neither)
         kinds = {task["output_type"] for task in tasks.values()}
         self._warming = self.scorer.warming(generate="generate_until" in kinds,
                                             forks=bool(kinds & {"multiple_choice", "loglikelihood"}))
+
+    def _plan_buckets(self) -> None:
+        """A dry run of lm-eval over the suite's documents, answered with zeros (bucket_plan.PlanningScorer):
+        the rows every request would run, and the scorer's bucket lengths fitted to them before any graph
+        compiles (TokenScorer.fit_lengths). A bits-per-byte suite of 600-token documents in a 1,280 window
+        then runs them in a 608 bucket, not the ladder's 704."""
+        from evald.pipeline.suites.bucket_plan import PlanningScorer
+        from evald.pipeline.suites.lm_adapter import EvaldLM
+
+        started = time.time()
+        planner = PlanningScorer(self.scorer)
+        self._evaluate(EvaldLM(planner, self.lm.evald_tokenizer, max_gen_toks=self.options.max_gen_toks,
+                               prefix_token=self.options.prefix_token), log_samples=False, bootstrap_iters=0)
+        lengths = self.scorer.fit_lengths(planner.rows)
+        log.info("suite %s: %d rows planned in %.1fs; buckets %s", self.name, len(planner.rows),
+                 time.time() - started, list(lengths))
+
+    def _evaluate(self, lm: Any, *, log_samples: bool, bootstrap_iters: int) -> dict:
+        """lm-eval's evaluation of the suite's documents with ``lm``, seeded as the suite says."""
+        import lm_eval
+
+        seed = self.options.seed
+        return lm_eval.simple_evaluate(
+            model=lm, tasks=list(self.options.tasks), num_fewshot=self.options.num_fewshot,
+            samples={t: list(d) for t, d in self.documents.items()}, log_samples=log_samples,
+            task_manager=self.task_manager, bootstrap_iters=bootstrap_iters, random_seed=seed,
+            numpy_random_seed=seed, fewshot_random_seed=seed)
 
     def warm_next(self) -> bool:
         """Compile the next of the suite's graphs (seconds each, so evald can validate a checkpoint between two
@@ -177,18 +205,12 @@ class SuiteRunner:
 
     def run(self) -> SuiteResult:
         """Evaluate the weights the network holds now (every graph compiled first: none while scoring)."""
-        import lm_eval
 
         self.warm_up()
 
         started, before = time.time(), self.scorer.stats.real_tokens
         nonfinite_before = self.lm.counts.nonfinite
-        seed = self.options.seed
-        out = lm_eval.simple_evaluate(
-            model=self.lm, tasks=list(self.options.tasks), num_fewshot=self.options.num_fewshot,
-            samples={t: list(d) for t, d in self.documents.items()}, log_samples=True,
-            task_manager=self.task_manager, bootstrap_iters=1000, random_seed=seed, numpy_random_seed=seed,
-            fewshot_random_seed=seed)
+        out = self._evaluate(self.lm, log_samples=True, bootstrap_iters=1000)
         tasks = {}
         broken: dict[str, tuple[int, int]] = {}
         for task_name in self.documents:

@@ -13,7 +13,7 @@ API
     ``max_length`` defaults to the network's ``max_length`` / ``seq_length`` / ``seq_len`` /
     ``max_position_embeddings`` attribute (or its ``config``'s). ``lengths`` are the bucket lengths
     (default: ``length_ladder``, a geometric ladder from max_length/8 (at least 32) to max_length in
-    steps of sqrt(2), so a row is padded by less than 42%, 17% on average). Every forward runs the same token
+    steps of sqrt(2), so a row is padded by less than 42%, 17% on average, until ``fit_lengths``). Every forward runs the same token
     budget, ``batch_size * max_length`` tokens: a bucket of length n has ``batch_size * max_length // n``
     rows (``rows_for``). ``batch_size="auto"`` sizes that budget to fit memory (``auto_budget``).
     ``top_k`` > 0 also returns the k most likely tokens at each position.
@@ -47,6 +47,10 @@ API
     For a CachedDecoder with ``top_k`` > 0 (evald.serve's /v1/completions): up to ``batch_size``
     contexts prefilled into a new cache of a bucket's length, then one token per row per step; each
     returns the next token's top k (ids, float32 log-probabilities, as ``score`` computes them) per row.
+``scorer.plan_rows(requests)`` / ``scorer.plan_generate(requests)`` / ``scorer.fit_lengths(row_lengths)``
+    The rows a call would run (no forward), and bucket lengths fitted to a suite's rows in place of the ladder
+    (``fitted_lengths``: no more buckets, the fewest padded tokens; before any graph compiles). A suite runs
+    lm-eval once at build time with ``bucket_plan.PlanningScorer`` to learn its rows.
 ``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint: per bucket the
 scoring graph, for a CachedDecoder a prefill chunk and a decode step, for forks a prefill chunk and a fork; with
 ``top_decoding=True`` also prefill_top's and decode_top's graphs);
@@ -64,6 +68,7 @@ May import: the pipeline's tasks (generation's fixed-buffer cell and cached-deco
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -84,6 +89,7 @@ PREFILL_CHUNK = 256          # tokens per prefill chunk of cached generation (at
 FORK_CHUNK = 64              # the longest chunk (context's last token + continuation but its last) a fork runs
 FORK_ROWS = 4                # a fork call runs at least this many rows: a multiple-choice question's choices
 LADDER_RATIO = math.sqrt(2)  # consecutive bucket lengths: padding < 42% of a row, 17% on average
+FIT_STEP = 16                # fitted bucket lengths are multiples of this: a row pads by less in its own bucket
 AUTO_MEMORY_SHARE = 0.25     # the share of available memory ``batch_size="auto"`` lets one forward's logits take
 
 
@@ -214,6 +220,42 @@ def length_ladder(max_length: int, ratio: float = LADDER_RATIO) -> tuple[int, ..
             break
         lengths.append(n)
     return tuple(sorted(lengths))
+
+
+def fitted_lengths(row_lengths: Sequence[int], max_length: int, rows_for: Callable[[int], int],
+                   most: int) -> tuple[int, ...]:
+    """At most ``most`` bucket lengths, the last ``max_length``, that run rows of ``row_lengths`` (a suite's
+    forward rows, from a dry run) in the fewest padded tokens. Each row is rounded up to FIT_STEP; a bucket
+    of length n runs ``rows_for(n)`` rows a forward, a partial last forward counted whole. A bucket besides
+    max_length must save more than one forward's tokens, else its graphs cost more at start than it saves.
+    Dynamic programming over the distinct rounded lengths (O(most x lengths^2), a few ms)."""
+    counts: dict[int, int] = {}
+    for length in row_lengths:
+        n = min(max_length, -(-max(1, int(length)) // FIT_STEP) * FIT_STEP)
+        counts[n] = counts.get(n, 0) + 1
+    candidates = sorted(set(counts) | {max_length})
+    cumulative = list(itertools.accumulate(counts.get(n, 0) for n in candidates))
+
+    def cost(below: int, top: int) -> int:
+        """Padded tokens of the rows of candidates (below, top] in a bucket of candidates[top]."""
+        rows = cumulative[top] - (cumulative[below] if below >= 0 else 0)
+        per_forward = rows_for(candidates[top])
+        return -(-rows // per_forward) * per_forward * candidates[top]
+
+    last, penalty = len(candidates) - 1, rows_for(max_length) * max_length
+    # best[k][j]: (padded tokens, the bucket below) of rows up to candidates[j] in k + 1 buckets, the top at j
+    best = [{j: (cost(-1, j), -1) for j in range(len(candidates))}]
+    for k in range(1, min(most, len(candidates))):
+        previous = best[-1]
+        best.append({j: min((previous[i][0] + cost(i, j), i) for i in range(k - 1, j))
+                     for j in range(k, len(candidates))})
+    k = min(range(len(best)), key=lambda k: (best[k][last][0] + k * penalty, k))
+    chosen, j = [], last
+    while j >= 0:
+        chosen.append(candidates[j])
+        j = best[k][j][1]
+        k -= 1
+    return tuple(sorted(chosen))
 
 
 def auto_budget(network: Any, max_length: int, available_bytes: int | None = None) -> int:
@@ -370,6 +412,7 @@ class TokenScorer:
             raise ValueError(f"batch_size must be >= 1 or 'auto', got {batch_size!r}")
         else:
             budget = batch_size * max_length
+        self.fitting = lengths is None   # the ladder until fit_lengths fits buckets to a suite's rows
         if lengths is None:
             lengths = length_ladder(max_length)
         lengths = tuple(sorted(set(int(n) for n in lengths)))
@@ -418,6 +461,38 @@ class TokenScorer:
             if length <= n:
                 return n
         raise ValueError(f"{length} tokens do not fit max_length {self.max_length}")
+
+    # -- bucket lengths fitted to a suite's own rows (evald.pipeline.suites.bucket_plan) ---------------
+    def plan_rows(self, requests: Sequence[ScoreRequest]) -> list[int]:
+        """The lengths of the rows ``score(requests)`` would run (a fork: the cache positions it needs), no
+        forward and no graph: what a suite's dry run records for ``fit_lengths``."""
+        prepared = [self._row(r) for r in requests]
+        forks = _forks(prepared, self.fork_piece, lambda p: p if p <= self.max_length else None) if self.forks else []
+        forked = {i for fork in forks for i in fork.members}
+        rows, _ = _share_rows([p for i, p in enumerate(prepared) if i not in forked])
+        return [len(row.tokens) for row in rows] + [fork.positions() for fork in forks]
+
+    def plan_generate(self, requests: Sequence[GenerateRequest]) -> list[int]:
+        """The bucket length each of ``requests`` needs in ``generate`` (context and new tokens), no forward."""
+        return [min(self.max_length, len(context) + new) for context, new, _ in self._generation_rows(requests)]
+
+    def fit_lengths(self, row_lengths: Sequence[int]) -> tuple[int, ...]:
+        """Bucket lengths fitted to ``row_lengths`` (``fitted_lengths``, no more buckets than now) in place of
+        the ladder. Only before any graph is compiled, so that a row lands in the same bucket at every checkpoint:
+        a scorer already compiled (shared by another suite) keeps its lengths, and so does one given lengths by
+        its caller or no rows."""
+        if not self.fitting:
+            pass
+        elif self._shapes:
+            log.info("token scorer: keeps its buckets %s (%d graphs compiled already)", list(self.lengths),
+                     len(self._shapes))
+        elif row_lengths:
+            ladder = self.lengths
+            self.lengths = fitted_lengths(row_lengths, self.max_length, self.rows_for, most=len(ladder))
+            self.fitting = False
+            log.info("token scorer: buckets %s fitted to %d rows (the ladder was %s)", list(self.buckets),
+                     len(row_lengths), list(ladder))
+        return self.lengths
 
     def vocab_size(self) -> int:
         """The model's vocabulary: the last dimension of its logits, on one batch of the smallest bucket
@@ -609,13 +684,7 @@ class TokenScorer:
 
     # -- greedy generation ---------------------------------------------------------------------
     def generate(self, requests: Sequence[GenerateRequest], eos_id: int | None = None) -> list[list[int]]:
-        prepared = []
-        for r in requests:
-            new = max(1, min(int(r.max_new_tokens), self.max_length - 1))
-            context = list(r.context)[-(self.max_length - new):]
-            if not context:
-                raise ValueError("generation needs a context of at least one token")
-            prepared.append((np.asarray(context, np.int32), new, r.stop))
+        prepared = self._generation_rows(requests)
         results: list[list[int]] = [[] for _ in requests]
         by_bucket: dict[int, list[int]] = {}
         for i, (context, new, _) in enumerate(prepared):
@@ -627,6 +696,17 @@ class TokenScorer:
                 chunk = members[start:start + self.rows_for(n)]
                 run(n, [prepared[i] for i in chunk], [results[i] for i in chunk], eos_id)
         return results
+
+    def _generation_rows(self, requests: Sequence[GenerateRequest]) -> list[tuple[np.ndarray, int, Any]]:
+        """Each request's (context, new tokens, stop): contexts left-truncated to ``max_length - new`` (HFLM)."""
+        prepared = []
+        for r in requests:
+            new = max(1, min(int(r.max_new_tokens), self.max_length - 1))
+            context = list(r.context)[-(self.max_length - new):]
+            if not context:
+                raise ValueError("generation needs a context of at least one token")
+            prepared.append((np.asarray(context, np.int32), new, r.stop))
+        return prepared
 
     def _accept(self, rows: list, outputs: list[list[int]], chosen: np.ndarray, active: np.ndarray,
                 ends: np.ndarray, n: int, eos_id: int | None) -> list[int]:
