@@ -13,9 +13,9 @@ API
     ``max_length`` defaults to the network's ``max_length`` / ``seq_length`` / ``seq_len`` /
     ``max_position_embeddings`` attribute (or its ``config``'s). ``lengths`` are the bucket lengths
     (default: ``length_ladder``, a geometric ladder from max_length/8 (at least 32) to max_length in
-    steps of sqrt(2), so a row is padded by less than 42%, 17% on average, until ``fit_lengths``). Every forward runs the same token
-    budget, ``batch_size * max_length`` tokens: a bucket of length n has ``batch_size * max_length // n``
-    rows (``rows_for``). ``batch_size="auto"`` sizes that budget to fit memory (``auto_budget``).
+    steps of sqrt(2), so a row is padded by less than 42%, 17% on average; ``fit_lengths`` may replace it).
+    Every forward runs the same token budget, ``batch_size * max_length`` tokens: a bucket of length n has
+    ``batch_size * max_length // n`` rows (``rows_for``). ``batch_size="auto"`` sizes that budget to fit memory (``auto_budget``).
     ``top_k`` > 0 also returns the k most likely tokens at each position.
 ``scorer.score([ScoreRequest(context, continuation), ...]) -> [TokenScores, ...]``
     Per continuation token: its log-probability given everything before it, whether it is the
@@ -412,7 +412,7 @@ class TokenScorer:
             raise ValueError(f"batch_size must be >= 1 or 'auto', got {batch_size!r}")
         else:
             budget = batch_size * max_length
-        self.fitting = lengths is None   # the ladder until fit_lengths fits buckets to a suite's rows
+        self._may_fit = lengths is None   # the ladder, until fit_lengths fits buckets to a suite's rows
         if lengths is None:
             lengths = length_ladder(max_length)
         lengths = tuple(sorted(set(int(n) for n in lengths)))
@@ -481,17 +481,16 @@ class TokenScorer:
         the ladder. Only before any graph is compiled, so that a row lands in the same bucket at every checkpoint:
         a scorer already compiled (shared by another suite) keeps its lengths, and so does one given lengths by
         its caller or no rows."""
-        if not self.fitting:
-            pass
-        elif self._shapes:
+        if not self._may_fit or not row_lengths:
+            return self.lengths
+        if self._shapes:
             log.info("token scorer: keeps its buckets %s (%d graphs compiled already)", list(self.lengths),
                      len(self._shapes))
-        elif row_lengths:
-            ladder = self.lengths
-            self.lengths = fitted_lengths(row_lengths, self.max_length, self.rows_for, most=len(ladder))
-            self.fitting = False
-            log.info("token scorer: buckets %s fitted to %d rows (the ladder was %s)", list(self.buckets),
-                     len(row_lengths), list(ladder))
+            return self.lengths
+        ladder, self._may_fit = self.lengths, False
+        self.lengths = fitted_lengths(row_lengths, self.max_length, self.rows_for, most=len(ladder))
+        log.info("token scorer: buckets %s fitted to %d rows (the ladder was %s)", list(self.buckets),
+                 len(row_lengths), list(ladder))
         return self.lengths
 
     def vocab_size(self) -> int:

@@ -17,12 +17,13 @@ SCORING_KEYS = ["needed_tokens", "evald_s", "floor_s", "ratio_to_floor", "evald_
 def test_llm_shapes_bench_runs_at_a_tiny_size(graph_mode):  # graph_mode: tests/unit/conftest.py
     report = main(["--d-model", "32", "--layers", "1", "--heads", "2", "--vocab", "500", "--max-length", "256",
                    "--lengths", "128,256", "--mc-questions", "2", "--mc-context", "100", "--mc-choice-tokens", "5",
-                   "--bpb-sets", "2", "--bpb-doc", "300", "--gen-contexts", "2", "--gen-context", "64",
+                   "--bpb-sets", "2", "--bpb-doc", "200", "--gen-contexts", "2", "--gen-context", "64",
                    "--gen-tokens", "8", "--old-gen-tokens", "2"])
     same = ["max_rel_diff_vs_old", "is_greedy_equal_vs_old"]
-    assert list(report["mc"]) == ["requests", *SCORING_KEYS, *same]
+    budget = ["floor_in_budget_s", "ratio_to_floor_in_budget"]
+    assert list(report["mc"]) == ["requests", *SCORING_KEYS[:-2], *budget, *SCORING_KEYS[-2:], *same]
     assert list(report["mcx"]) == ["requests", *SCORING_KEYS, *same]
-    assert list(report["bpb"]) == ["windows", *SCORING_KEYS]
+    assert list(report["bpb"]) == ["windows", *SCORING_KEYS[:-2], *budget, *SCORING_KEYS[-2:]]
     assert list(report["gen"]) == ["contexts", "new_tokens", "evald_s", "cached_floor_s", "ratio_to_floor",
                                    "evald_new_tokens_per_s", "padding_overhead", "graphs_compiled_in_run", "decoding",
                                    "old_s_scaled", "speedup_vs_old", "old_tokens_equal"]
