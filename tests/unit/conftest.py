@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import pytest
+
+if TYPE_CHECKING:
+    from evald.ledger.ledger import Ledger
 
 
 @pytest.fixture(scope="module")
@@ -13,3 +20,15 @@ def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
     yield
     ms.set_context(mode=before)
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[Path, Ledger]]:
+    """An empty checkpoint directory and a fresh ledger, closed after: the intake and partition tests both start so."""
+    from evald.ledger.ledger import Ledger
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    yield ckpt, ledger
+    ledger.close()
