@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    import mindspore as ms
+
     from evald.ledger.ledger import Ledger
 
 
@@ -20,6 +22,15 @@ def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE)
     yield
     ms.set_context(mode=before)
+
+
+@pytest.fixture(scope="module")
+def network(request: pytest.FixtureRequest) -> Iterator[ms.nn.Cell]:
+    """The demo network in Graph mode for a serve or pipeline test module, seeded by its ``NETWORK_SEED``."""
+    from tests.networks import demo_network_in_graph_mode   # mindspore: imported only by modules that use it
+
+    with demo_network_in_graph_mode(seed=request.module.NETWORK_SEED) as net:
+        yield net
 
 
 @pytest.fixture
