@@ -1,11 +1,16 @@
 """In-process references for the served answers: a checkpoint's weights in a fresh demo network, scored
-in PyNative with the exact, unpadded sequence (independent of evald's TokenScorer, buckets and HTTP)."""
+in PyNative with the exact, unpadded sequence (independent of evald's TokenScorer, buckets and HTTP);
+and the reference for a reported eval/loss (``mean_token_loss``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import mindspore as ms
 
 
 def network_at(ckpt_dir: Path, step: int):
@@ -31,6 +36,22 @@ def logprobs(net, tokens: list[int]) -> np.ndarray:
     logits = net(ms.Tensor(np.asarray([tokens[:-1]], np.int32)))
     logp = ms.ops.log_softmax(logits.astype(ms.float32), -1).asnumpy()[0]
     return logp[np.arange(len(tokens) - 1), np.asarray(tokens[1:])]
+
+
+def mean_token_loss(net: ms.nn.Cell, windows: np.ndarray, batch_size: int) -> float:
+    """The loss evald's eval/loss is held to, computed independently: float64 log-softmax in numpy, own batching."""
+    import mindspore as ms
+
+    total, count = 0.0, 0
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start:start + batch_size]
+        logits = net(ms.Tensor(batch[:, :-1])).asnumpy().astype(np.float64)
+        shifted = logits - logits.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        targets = batch[:, 1:]
+        total -= np.take_along_axis(log_probs, targets[..., None], -1).sum()
+        count += targets.size
+    return total / count
 
 
 def reference_lm(net):

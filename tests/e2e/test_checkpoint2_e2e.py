@@ -26,6 +26,7 @@ import pytest
 
 from evald.files.recognise import CHECKPOINT2
 from tests import faults
+from tests.e2e.reference import mean_token_loss
 from tests.harness import REPO, scalar_points, wait_for
 from tests.mindformers_ckpt2_writer import write
 
@@ -58,17 +59,7 @@ def in_process_loss(weights: dict[str, np.ndarray], indices: list[int]) -> float
     assert set(params) == set(weights)
     for name, array in weights.items():
         params[name].set_data(ms.Tensor(array))
-    chosen = data.validation_windows(seq_len=64)[np.asarray(indices)]
-    total, count = 0.0, 0
-    for start in range(0, len(chosen), 7):
-        batch = chosen[start:start + 7]
-        logits = net(ms.Tensor(batch[:, :-1])).asnumpy().astype(np.float64)
-        shifted = logits - logits.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-        targets = batch[:, 1:]
-        total -= np.take_along_axis(log_probs, targets[..., None], -1).sum()
-        count += targets.size
-    return total / count
+    return mean_token_loss(net, data.validation_windows(seq_len=64)[np.asarray(indices)], batch_size=7)
 
 
 def test_committed_iterations_are_evaluated_once_at_their_step_and_a_half_written_one_never(

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.e2e.reference import mean_token_loss
 from tests.harness import (REPO, committed_steps, hook_stats, raw_scalar_steps, run_dir, scalar_points, start_evald,
                            text_events)
 
@@ -98,16 +99,7 @@ def in_process_loss(ckpt, step, indices):
     for name, array in weights.items():
         params[name].set_data(ms.Tensor(array))
     chosen = data.validation_windows(seq_len=64)[np.asarray(indices)]
-    total, count = 0.0, 0
-    for start in range(0, len(chosen), 7):  # a different batch size than evald's on purpose
-        batch = chosen[start:start + 7]
-        logits = net(ms.Tensor(batch[:, :-1])).asnumpy().astype(np.float64)
-        shifted = logits - logits.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-        targets = batch[:, 1:]
-        total -= np.take_along_axis(log_probs, targets[..., None], -1).sum()
-        count += targets.size
-    return total / count
+    return mean_token_loss(net, chosen, batch_size=7)  # a different batch size than evald's on purpose
 
 
 def test_training_without_evald_finishes_normally(finished_training):

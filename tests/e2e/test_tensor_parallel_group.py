@@ -28,6 +28,7 @@ from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout
 from evald.files.slices import tp_region
 from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
+from tests.e2e.reference import mean_token_loss
 from tests.harness import run_dir, scalar_points, wait_for
 
 pytestmark = pytest.mark.heavy  # minutes of several processes: CI's third stage (./scripts/test.sh --long)
@@ -88,21 +89,10 @@ def _in_process_network(weights: dict[str, np.ndarray]):
 
 def in_process_loss(weights: dict[str, np.ndarray], indices: list[int]) -> float:
     """One device, PyNative, float64 log-softmax in numpy, its own batching."""
-    import mindspore as ms
-
     from examples.tiny_lm import data
 
     net = _in_process_network(weights)
-    chosen = data.validation_windows(seq_len=64)[np.asarray(indices)]
-    total, count = 0.0, 0
-    for start in range(0, len(chosen), 5):
-        batch = chosen[start:start + 5]
-        logits = net(ms.Tensor(batch[:, :-1])).asnumpy().astype(np.float64)
-        shifted = logits - logits.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-        total -= np.take_along_axis(log_probs, batch[:, 1:][..., None], -1).sum()
-        count += batch[:, 1:].size
-    return total / count
+    return mean_token_loss(net, data.validation_windows(seq_len=64)[np.asarray(indices)], batch_size=5)
 
 
 def _responses(run: Path) -> dict[str, list]:

@@ -7,23 +7,13 @@ import json
 import os
 
 import numpy as np
-import pytest
 
 from evald.config import EvaldConfig
 from evald.contracts import layout
 from evald.intake.intake import Intake
-from evald.ledger.ledger import DUPLICATE, EVALUATED, QUEUED, REJECTED, SKIPPED, USED, Ledger, Record
+from evald.ledger.ledger import DUPLICATE, EVALUATED, QUEUED, REJECTED, SKIPPED, USED, Record
 
 WEIGHTS = {"w": np.ones(4, np.float32)}
-
-
-@pytest.fixture
-def setup(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    yield ckpt, ledger
-    ledger.close()
 
 
 def intake_for(ckpt, ledger, **options):

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import queue
-import shutil
 import socket
 import time
 
@@ -20,7 +19,6 @@ import zmq
 
 from evald.contracts import wire
 from evald.intake.receiver import BAD_MESSAGE, ZMQ, Receiver
-from tests.harness import private_socket_dir
 
 WAIT_S = 30.0
 
@@ -38,13 +36,6 @@ def next_item(out: queue.Queue, what: str) -> tuple[str, object]:
         return out.get(timeout=WAIT_S)
     except queue.Empty:
         raise AssertionError(f"nothing arrived within {WAIT_S:.0f} s: {what}") from None
-
-
-@pytest.fixture
-def socket_dir():
-    path = private_socket_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

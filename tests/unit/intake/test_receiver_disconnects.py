@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import shutil
 import socket
 import time
 
@@ -19,7 +18,6 @@ import zmq
 
 from evald.contracts import wire
 from evald.intake.receiver import Receiver
-from tests.harness import private_socket_dir
 
 FAULT_WORDS = ("frame over", "not ZeroMQ", "failed")
 # A ZMTP 3.0 greeting (signature, version 3.0) proposing a mechanism libzmq does not know.
@@ -32,13 +30,6 @@ def _wait(predicate, what: str, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened within {timeout:.0f} s: {what}")
         time.sleep(0.01)
-
-
-@pytest.fixture
-def socket_dir():
-    path = private_socket_dir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,16 +6,6 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def network(request):
-    """The demo network in Graph mode for one test module, built with the module's ``NETWORK_SEED``
-    (which each module that uses this fixture names: its expected values follow from it)."""
-    from tests.networks import demo_network_in_graph_mode   # mindspore: imported only by modules that use it
-
-    with demo_network_in_graph_mode(seed=request.module.NETWORK_SEED) as net:
-        yield net
-
-
-@pytest.fixture(scope="module")
 def include(request, tmp_path_factory):
     """The demo benchmarks (examples/tiny_lm) written for one test module, with the module's
     ``BPB_DOCS_PER_SET`` documents in each bits-per-byte set: lm-eval's include path for its suites."""

@@ -28,7 +28,7 @@ from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 # main had no such error: the tests then fail with "DID NOT RAISE" / a finite accuracy, not at import
 NonFiniteScores = getattr(runner_module, "NonFiniteScores", type("NonFiniteScores", (Exception,), {}))
 DOCS = 16
-NETWORK_SEED = 5       # the network fixture's (conftest.py)
+NETWORK_SEED = 5       # the network fixture's (tests/unit/conftest.py)
 BPB_DOCS_PER_SET = 1   # the include fixture's (conftest.py)
 
 

@@ -21,7 +21,7 @@ from evald.config import EvaldConfig, TuningOptions
 from evald.contracts import layout
 from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout, group_name, part_dir_name
 from evald.intake.intake import Intake
-from evald.ledger.ledger import DUPLICATE, FAILED, QUEUED, SKIPPED, USED, Ledger
+from evald.ledger.ledger import DUPLICATE, FAILED, QUEUED, SKIPPED, USED
 from trainer_hooks.partition_plan import plan_partition
 
 ms = pytest.importorskip("mindspore")
@@ -77,15 +77,6 @@ def write_parts(ckpt, step, weights, writers, *, run_id="run", layouts=None, hol
 def intake_for(ckpt, ledger, timeout_s=300.0):
     config = dataclasses.replace(EvaldConfig(), tuning=TuningOptions(parts_timeout_s=timeout_s))
     return Intake(ckpt, ledger, config)
-
-
-@pytest.fixture
-def setup(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    yield ckpt, ledger
-    ledger.close()
 
 
 def find_all(intake, ckpt, via="rescan"):

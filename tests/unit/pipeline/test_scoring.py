@@ -10,7 +10,7 @@ ms = pytest.importorskip("mindspore")
 
 from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer  # noqa: E402
 
-NETWORK_SEED = 3   # the network fixture's (conftest.py)
+NETWORK_SEED = 3   # the network fixture's (tests/unit/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from tests.networks import without_cached_decoding  # noqa: E402
 from evald.pipeline.tasks.generation import SampleGenerator, decodes_with_cache  # noqa: E402
 from examples.tiny_lm.model import build_model  # noqa: E402
 
-NETWORK_SEED = 5   # the network fixture's (conftest.py)
+NETWORK_SEED = 5   # the network fixture's (tests/unit/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from evald.pipeline.suites.runner import SuiteRunner  # noqa: E402
 from evald.pipeline.suites.scoring import TokenScorer  # noqa: E402
 from evald.pipeline.suites.tokenizer import ByteTokenizer  # noqa: E402
 
-NETWORK_SEED = 5       # the network fixture's (conftest.py)
+NETWORK_SEED = 5       # the network fixture's (tests/unit/conftest.py)
 BPB_DOCS_PER_SET = 2   # the include fixture's (conftest.py)
 
 

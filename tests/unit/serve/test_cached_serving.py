@@ -27,7 +27,7 @@ from evald.serve.requests import parse_completion  # noqa: E402
 from tests.networks import without_cached_decoding  # noqa: E402
 from tests.unit.serve.rig import Pipeline, Rig, snapshot, until_ready  # noqa: E402
 
-NETWORK_SEED = 5   # the network fixture's (conftest.py)
+NETWORK_SEED = 5   # the network fixture's (tests/unit/conftest.py)
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, max_prompts=8, max_n=4)
 ATOL = 2e-5   # cached vs full-forward logits (tests/unit/pipeline/test_llm_decoder.py): float rounding only
 

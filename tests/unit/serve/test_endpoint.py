@@ -17,7 +17,7 @@ from evald.config import ServeOptions  # noqa: E402
 from tests.harness import wait_for  # noqa: E402
 from tests.unit.serve.rig import Loop, Rig, snapshot  # noqa: E402
 
-NETWORK_SEED = 3   # the network fixture's (conftest.py)
+NETWORK_SEED = 3   # the network fixture's (tests/unit/conftest.py)
 OPTIONS = ServeOptions(listen="127.0.0.1:0", batch_size=4, queue_size=8, max_body_bytes=4096,
                        header_timeout_s=1.0, request_timeout_s=30.0)
 

@@ -30,7 +30,7 @@ STEPS = (10, 20, 30, 40, 50, 60)
 # swaps and serves). Another snapshot's values differ by more than 1e-2 (the 0.02 noise per weight;
 # test_snapshots_differ_far_beyond_the_tolerance), so a tolerance 100x below that still catches any mix.
 SAME_SNAPSHOT_TOLERANCE = 1e-4
-NETWORK_SEED = 3   # the network fixture's (conftest.py)
+NETWORK_SEED = 3   # the network fixture's (tests/unit/conftest.py)
 
 
 def _load(rig: Rig, swaps: int, wanted: int, clients: int = 2, seed: int = 0) -> list[tuple[dict, dict]]:

@@ -18,7 +18,7 @@ from evald.daemon.serving import Serving  # noqa: E402
 from evald.pipeline.suites.scoring import ScoreRequest  # noqa: E402
 from tests.unit.serve.rig import Loop, Pipeline, Rig, snapshot, until_ready  # noqa: E402
 
-NETWORK_SEED = 6   # the network fixture's (conftest.py)
+NETWORK_SEED = 6   # the network fixture's (tests/unit/conftest.py)
 
 
 class Bare(ms.nn.Cell):

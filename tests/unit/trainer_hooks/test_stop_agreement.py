@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -88,15 +90,25 @@ def _wait_for_state(sub: ControlSubscriber, timeout_s: float = 5.0) -> None:
         time.sleep(0.005)
 
 
+@contextmanager
+def _single_process(short_dir: Path, run_id: str) -> Iterator[tuple[Publisher, ControlSubscriber, StopAgreement]]:
+    """The publisher, subscriber and world-size-1 agreement the single-process tests set up and close alike."""
+    endpoint = f"ipc://{short_dir}/control.sock"
+    pub = Publisher(endpoint)
+    sub = ControlSubscriber(endpoint, run_id)
+    agreement = StopAgreement(rank=0, world_size=1, subscriber=sub)
+    try:
+        yield pub, sub, agreement
+    finally:
+        agreement.close()
+        pub.close()
+
+
 # --------------------------------------------------------------- single process
 
 
 def test_single_process_stops_at_exactly_stop_at_step(short_dir):
-    endpoint = f"ipc://{short_dir}/control.sock"
-    pub = Publisher(endpoint)
-    sub = ControlSubscriber(endpoint, "run-a")
-    agreement = StopAgreement(rank=0, world_size=1, subscriber=sub)
-    try:
+    with _single_process(short_dir, "run-a") as (pub, sub, agreement):
         pub.start(ControlState(run_id="run-a", seq=1, stop_at_step=25, reason="plateau"))
         _wait_for_state(sub)  # PUB/SUB slow joiner: the first sends may be lost
         stopped = None
@@ -107,17 +119,10 @@ def test_single_process_stops_at_exactly_stop_at_step(short_dir):
         assert stopped == 25
         assert agreement.reason == "plateau"
         assert sub.ignored == 0
-    finally:
-        agreement.close()
-        pub.close()
 
 
 def test_single_process_late_message_stops_at_next_step(short_dir):
-    endpoint = f"ipc://{short_dir}/control.sock"
-    pub = Publisher(endpoint)
-    sub = ControlSubscriber(endpoint, "run-a")
-    agreement = StopAgreement(rank=0, world_size=1, subscriber=sub)
-    try:
+    with _single_process(short_dir, "run-a") as (pub, sub, agreement):
         stopped = None
         for step in range(1, 2001):
             if step == 30:
@@ -128,17 +133,10 @@ def test_single_process_late_message_stops_at_next_step(short_dir):
             time.sleep(0.002)
         assert stopped is not None and stopped >= 30
         assert agreement.agreed_stop_step == 10
-    finally:
-        agreement.close()
-        pub.close()
 
 
 def test_stale_run_id_is_ignored(short_dir):
-    endpoint = f"ipc://{short_dir}/control.sock"
-    pub = Publisher(endpoint)
-    sub = ControlSubscriber(endpoint, "run-new")
-    agreement = StopAgreement(rank=0, world_size=1, subscriber=sub)
-    try:
+    with _single_process(short_dir, "run-new") as (pub, sub, agreement):
         pub.start(ControlState(run_id="run-old", seq=7, stop_at_step=3, reason="stale"))
         _wait_for_state(sub)
         for step in range(1, 101):
@@ -147,9 +145,6 @@ def test_stale_run_id_is_ignored(short_dir):
         assert sub.ignored > 0
         assert sub.latest is None
         assert agreement.agreed_stop_step is None
-    finally:
-        agreement.close()
-        pub.close()
 
 
 def test_stale_then_current_run_id(short_dir):
