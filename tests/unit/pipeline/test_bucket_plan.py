@@ -9,7 +9,7 @@ import pytest
 
 from evald.pipeline.suites.scoring import FIT_STEP, fitted_lengths, length_ladder
 
-NETWORK_SEED = 7       # the network fixture's (conftest.py)
+NETWORK_SEED = 7       # the network fixture's (tests/unit/conftest.py)
 BPB_DOCS_PER_SET = 3   # the include fixture's (conftest.py)
 
 
