@@ -15,7 +15,8 @@ API
     (default: ``length_ladder``, a geometric ladder from max_length/8 (at least 32) to max_length in
     steps of sqrt(2), so a row is padded by less than 42%, 17% on average; ``fit_lengths`` may replace it).
     Every forward runs the same token budget, ``batch_size * max_length`` tokens: a bucket of length n has
-    ``batch_size * max_length // n`` rows (``rows_for``). ``batch_size="auto"`` sizes that budget to fit memory (``auto_budget``).
+    ``batch_size * max_length // n`` rows (``rows_for``). ``batch_size="auto"`` sizes that budget to fit
+    memory (``auto_budget``).
     ``top_k`` > 0 also returns the k most likely tokens at each position.
 ``scorer.score([ScoreRequest(context, continuation), ...]) -> [TokenScores, ...]``
     Per continuation token: its log-probability given everything before it, whether it is the
