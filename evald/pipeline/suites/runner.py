@@ -205,7 +205,6 @@ class SuiteRunner:
 
     def run(self) -> SuiteResult:
         """Evaluate the weights the network holds now (every graph compiled first: none while scoring)."""
-
         self.warm_up()
 
         started, before = time.time(), self.scorer.stats.real_tokens
