@@ -279,6 +279,7 @@ def accepted(command: str) -> frozenset[str] | None:
     if command.startswith("python -m "):
         module = command.split()[2]
         sys.argv = [module, "--help"]
+        sys.modules.pop(module, None)   # imported by another test in this worker: runpy would warn, and run it stale
         return frozenset(_catching_parser(lambda: runpy.run_module(module, run_name="__main__")))
     script = REPO / command
     sys.argv = [str(script), "--help"]
