@@ -177,7 +177,8 @@ def _scorer_for(scorers: dict, evaluator: Evaluator | None, settings: Mapping[st
         scorers[key] = TokenScorer(evaluator.network, max_length=settings["max_length"],
                                    batch_size=settings["batch_size"], lengths=settings["lengths"],
                                    top_k=int(settings.get("top_k", 0)),
-                                   fork_contexts=bool(settings.get("fork_contexts", True)))
+                                   fork_contexts=bool(settings.get("fork_contexts", True)),
+                                   fork_piece=int(settings.get("fork_piece", 0)) or None)
     return scorers[key]
 
 

@@ -39,7 +39,8 @@ log = logging.getLogger("evald.group")
 
 def scorer_settings(scorer: TokenScorer) -> dict:
     return {"max_length": scorer.max_length, "batch_size": scorer.batch_size, "lengths": list(scorer.lengths),
-            "top_k": int(getattr(scorer, "top_k", 0)), "fork_contexts": bool(getattr(scorer, "fork_contexts", True))}
+            "top_k": int(getattr(scorer, "top_k", 0)), "fork_contexts": bool(getattr(scorer, "fork_contexts", True)),
+            "fork_piece": int(getattr(scorer, "fork_piece", 0))}
 
 
 def _ranks(group: Group, payload: Mapping[str, Any]) -> Sequence[int]:

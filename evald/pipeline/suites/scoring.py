@@ -8,7 +8,8 @@ every call runs in one of a small, fixed set of (rows, length) buckets compiled 
 
 API
 ---
-``scorer = TokenScorer(network, max_length=None, batch_size=8, lengths=None, top_k=0)``
+``scorer = TokenScorer(network, max_length=None, batch_size=8, lengths=None, top_k=0, fork_contexts=True,
+fork_piece=None)``
     ``network`` maps int32 tokens (B, T) to logits (B, T, vocab) for any T <= max_length.
     ``max_length`` defaults to the network's ``max_length`` / ``seq_length`` / ``seq_len`` /
     ``max_position_embeddings`` attribute (or its ``config``'s). ``lengths`` are the bucket lengths
@@ -401,7 +402,8 @@ def shared_rows(requests: Sequence[ScoreRequest], max_length: int) -> list[int]:
 
 class TokenScorer:
     def __init__(self, network: nn.Cell, *, max_length: int | None = None, batch_size: int | str = 8,
-                 lengths: Sequence[int] | None = None, top_k: int = 0, fork_contexts: bool = True) -> None:
+                 lengths: Sequence[int] | None = None, top_k: int = 0, fork_contexts: bool = True,
+                 fork_piece: int | None = None) -> None:
         max_length = max_length or model_max_length(network)
         if not max_length:
             raise ValueError(f"cannot tell the longest input of {type(network).__name__}: give max_length "
@@ -429,7 +431,9 @@ class TokenScorer:
         self._top_cell = ExtendTopK(network, top_k) if self.cached and top_k > 0 else None
         self.fork_contexts = bool(fork_contexts)     # asked for; ``forks``: and the network can
         self.forks = self.fork_contexts and scores_with_cache(network)
-        self.fork_piece = min(FORK_CHUNK, lengths[0])
+        # the tokens of a fork call's chunk: from the lengths given at construction, kept when they are fitted (an
+        # eval group's other ranks, built with the fitted lengths, are given this piece: the same fork shapes)
+        self.fork_piece = int(fork_piece) if fork_piece else min(FORK_CHUNK, lengths[0])
         self._fork_cell = ForkReads(network, top_k) if self.forks else None
         for cell in (self._score_cell, self._next_cell, self._extend_cell, self._top_cell, self._fork_cell):
             if cell is not None:

@@ -77,3 +77,20 @@ def test_a_suite_fits_its_buckets_before_compiling_and_gives_the_ladders_numbers
     assert got.compiled_graphs <= want.compiled_graphs
     assert fitted.scorer.stats.padded_tokens < ladder.scorer.stats.padded_tokens
     assert fitted.scorer.stats.real_tokens == ladder.scorer.stats.real_tokens
+
+
+def test_another_eval_rank_builds_the_fitted_scorer_of_rank_0(network):
+    """Rank 0 fits its buckets after building its scorer from the ladder; the other ranks build theirs from rank
+    0's settings, with the fitted lengths. Every shape must agree, or a group's bits differ from one device's
+    (CI: the fork piece followed the smallest length, 32 on rank 0 and 64 on rank 1)."""
+    from types import SimpleNamespace
+
+    from evald.pipeline.group.evaluator import _scorer_for
+    from evald.pipeline.group.scoring import scorer_settings
+    from evald.pipeline.suites.scoring import TokenScorer
+
+    rank_0 = TokenScorer(network, max_length=64, batch_size=8)
+    rank_0.fit_lengths([64] * 50)
+    other = _scorer_for({}, SimpleNamespace(network=network), scorer_settings(rank_0))
+    assert rank_0.forks and rank_0.lengths == (64,)
+    assert (other.lengths, other.buckets, other.fork_piece) == (rank_0.lengths, rank_0.buckets, rank_0.fork_piece)
