@@ -472,9 +472,8 @@ class TokenScorer:
         """The lengths of the rows ``score(requests)`` would run (a fork: the cache positions it needs), no
         forward and no graph: what a suite's dry run records for ``fit_lengths``."""
         prepared = [self._row(r) for r in requests]
-        forks = _forks(prepared, self.fork_piece, lambda p: p if p <= self.max_length else None) if self.forks else []
-        forked = {i for fork in forks for i in fork.members}
-        rows, _ = _share_rows([p for i, p in enumerate(prepared) if i not in forked])
+        forks, plain = self._split(prepared, lambda p: p if p <= self.max_length else None)
+        rows, _ = _share_rows([prepared[i] for i in plain])
         return [len(row.tokens) for row in rows] + [fork.positions() for fork in forks]
 
     def plan_generate(self, requests: Sequence[GenerateRequest]) -> list[int]:
@@ -553,9 +552,8 @@ class TokenScorer:
     # -- log-probabilities ---------------------------------------------------------------------
     def score(self, requests: Sequence[ScoreRequest]) -> list[TokenScores]:
         prepared = [self._row(r) for r in requests]
-        forks = _forks(prepared, self.fork_piece, self._fork_bucket) if self.forks else []
+        forks, plain = self._split(prepared, self._fork_bucket)
         forked = {i: (fork, k) for fork in forks for k, i in enumerate(fork.members)}
-        plain = [i for i in range(len(prepared)) if i not in forked]
         got = self._score_rows([prepared[i] for i in plain])
         got_by_request = dict(zip(plain, got))
         self._score_forks(forks)
@@ -575,6 +573,13 @@ class TokenScorer:
                                        np.asarray([g[1] for g in values], bool), top_ids, top_lp, truncated))
             self.stats.requested_tokens += len(tokens)
         return results
+
+    def _split(self, prepared: list, fit: Callable[[int], int | None]) -> tuple[list[_Fork], list[int]]:
+        """The forks among ``prepared`` (``fit(positions)``: their bucket, or None) and the requests that run
+        as rows: ``score`` fits forks to compiled fork graphs, ``plan_rows`` to any length that holds them."""
+        forks = _forks(prepared, self.fork_piece, fit) if self.forks else []
+        forked = {i for fork in forks for i in fork.members}
+        return forks, [i for i in range(len(prepared)) if i not in forked]
 
     def _score_rows(self, prepared: list) -> list[list[tuple]]:
         """Each request's reads from full-forward rows (equal and prefix rows shared)."""
