@@ -183,41 +183,37 @@ def main(argv: list[str] | None = None) -> dict:
     workloads = args.workloads.split(",")
     report: dict = {"args": vars(args), "model_params": sum(int(np.prod(p.shape)) for p in net.get_parameters())}
 
-    # the workloads' requests first (in this order: the random ids do not depend on which workloads run)
+    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
+    scorer = TokenScorer(net, batch_size=batch_size, lengths=lengths)   # compiles nothing until warm_up
+    # the workloads' requests first (in this order: the random ids do not depend on which workloads run), and
+    # the rows each would run: as a suite does (SuiteRunner's dry run), the buckets are fitted to them
+    planned: list[int] = []
     if "mc" in workloads:
         mc_contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
         mc_choices = [ids(4) for _ in mc_contexts]
         mc_requests = [ScoreRequest(c, [k]) for c, ks in zip(mc_contexts, mc_choices) for k in ks]
+        planned += scorer.plan_rows(mc_requests)
     if "mcx" in workloads:
         m = args.mc_choice_tokens
         mcx_contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
         mcx_choices = [[ids(m) for _ in range(4)] for _ in mcx_contexts]
         mcx_requests = [ScoreRequest(c, k) for c, ks in zip(mcx_contexts, mcx_choices) for k in ks]
+        planned += scorer.plan_rows(mcx_requests)
     if "bpb" in workloads:
         windows = []
         for _ in range(args.bpb_sets):
             for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
                     token_list=ids(args.bpb_doc), prefix_token=0, max_seq_len=args.max_length, context_len=1)):
                 windows.append(ScoreRequest(context, continuation))
+        planned += scorer.plan_rows(windows)
     if "gen" in workloads:
         gen_contexts = [ids(args.gen_context) for _ in range(args.gen_contexts)]
         gen_requests = [GenerateRequest(c, args.gen_tokens) for c in gen_contexts]
+        planned += scorer.plan_generate(gen_requests)
 
     started = time.perf_counter()
-    lengths = [int(n) for n in args.lengths.split(",")] if args.lengths else None
-    scorer = TokenScorer(net, batch_size=batch_size, lengths=lengths)
-    # as a suite does (SuiteRunner's dry run): buckets fitted to the rows the workloads run, then only the
-    # graphs they use (forks for multiple choice, generation graphs for gen)
-    planned: list[int] = []
-    if "mc" in workloads:
-        planned += scorer.plan_rows(mc_requests)
-    if "mcx" in workloads:
-        planned += scorer.plan_rows(mcx_requests)
-    if "bpb" in workloads:
-        planned += scorer.plan_rows(windows)
-    if "gen" in workloads:
-        planned += scorer.plan_generate(gen_requests)
     scorer.fit_lengths(planned)
+    # only the graphs the workloads use (forks for multiple choice, generation graphs for gen)
     scorer.warm_up(generate="gen" in workloads, forks="mc" in workloads or "mcx" in workloads)
     report["warm_up_s"] = time.perf_counter() - started
     report["buckets"] = [list(b) for b in scorer.buckets]
