@@ -12,7 +12,8 @@ writing the log is not itself audited and nothing is buffered (a crash loses not
 Every second a ``threads`` line lists the live thread names, and at exit a ``sys.path``
 line records the import path.
 
-Not seen: files opened by C/C++ code without Python (MindSpore's own kernels and logs,
+``os.open(name, dir_fd=fd)`` (evald opens files below a directory that way) is recorded with the
+directory the descriptor leads to. Not seen: files opened by C/C++ code without Python (MindSpore's own kernels and logs,
 sqlite's ``-wal``/``-shm`` beside the ledger) and ``os.stat``/``lstat`` (no audit event).
 """
 
@@ -29,6 +30,7 @@ _FILE_EVENTS = {"open", "os.remove", "os.rename", "os.rmdir", "os.mkdir", "shuti
                 "os.chown", "os.utime", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn",
                 "os.spawn", "os.fork", "os.startfile"}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_OPENAT = threading.local()   # .base: the directory an os.open(..., dir_fd=) in this thread is relative to
 
 
 def _text(value: object) -> str:
@@ -38,7 +40,7 @@ def _text(value: object) -> str:
         value = os.fspath(value)
     if isinstance(value, str):
         if not value.startswith("/"):
-            value = os.path.join(os.getcwd(), value)
+            value = os.path.join(getattr(_OPENAT, "base", None) or os.getcwd(), value)
         return value.replace("\t", "\\t").replace("\n", "\\n").encode("utf-8", "backslashreplace").decode()
     return repr(value)
 
@@ -82,6 +84,20 @@ def install(log_path: str) -> None:
             emit("threads\t" + ",".join(sorted(t.name for t in threading.enumerate())) + f"\t{time.time():.1f}")
             time.sleep(1.0)
 
+    real_os_open = os.open
+
+    def os_open(path, flags, mode=0o777, *, dir_fd=None):
+        """os.open; relative to ``dir_fd`` (openat, evald.contracts.safe_open), the audit event's path is
+        given the directory that descriptor leads to, which the event itself does not carry."""
+        if dir_fd is None:
+            return real_os_open(path, flags, mode)
+        _OPENAT.base = os.readlink(f"/proc/self/fd/{dir_fd}")
+        try:
+            return real_os_open(path, flags, mode, dir_fd=dir_fd)
+        finally:
+            _OPENAT.base = None
+
+    os.open = os_open
     sys.addaudithook(hook)
     threading.Thread(target=threads, name="audit-threads", daemon=True).start()
     atexit.register(lambda: emit("sys.path\t" + os.pathsep.join(sys.path) + "\t"))

@@ -33,8 +33,9 @@ pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="other owners are made 
 
 
 class Audit:
-    """Every path this process opened while the audit was on (builtins.open, io.open, os.open) and the
-    bytes os.readv read. A path opened is checked by where it leads now (its realpath)."""
+    """Every path this process opened while the audit was on (builtins.open, io.open, os.open, also
+    relative to a directory descriptor) and the bytes os.readv read. A path opened is checked by where
+    it leads now (its realpath)."""
 
     def __init__(self, monkeypatch) -> None:
         self.opened: list[str] = []
@@ -49,7 +50,10 @@ class Audit:
 
         def audited_os_open(path, *args, **kwargs):
             fd = real_os_open(path, *args, **kwargs)
-            self.opened.append(os.fsdecode(os.fspath(path)))
+            name = os.fsdecode(os.fspath(path))
+            if kwargs.get("dir_fd") is not None:  # openat: where the directory descriptor leads
+                name = os.path.join(os.readlink(f"/proc/self/fd/{kwargs['dir_fd']}"), name)
+            self.opened.append(name)
             return fd
 
         def audited_readv(fd, buffers):
