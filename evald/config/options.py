@@ -63,6 +63,9 @@ class GroupOptions:
     log_dir: str | None = opt(None, "msrun's worker logs; default: LOGDIR/msrun-RUN_NAME (else ./evald-msrun)",
                               kind="path")
     cluster_time_out: int = opt(600, "seconds msrun waits for every rank to join", kind="int", min=1)
+    key_file: str | None = opt(None, "the group's secret (`evald keys DIR` writes DIR/group.key), the same file "
+                               "on every host: it authenticates the ranks' commands and answers; needed with "
+                               "nodes > 1 (one host: a fresh secret per start)", kind="path")
 
     def __post_init__(self) -> None:
         if self.node_rank >= self.nodes:

@@ -109,6 +109,11 @@ def _check_combinations(config: EvaldConfig, sources: Mapping[str, str]) -> None
     if config.group.nodes > 1 and config.group.master_port is None:
         raise error("group", f"an eval group over {config.group.nodes} hosts needs group.master_port (the same "
                              f"on every host) and group.master_addr (node 0's address)")
+    if config.group.nodes > 1 and config.group.key_file is None:
+        raise error("group", f"an eval group over {config.group.nodes} hosts needs group.key_file, the same secret "
+                             f"on every host (`evald keys DIR` writes DIR/group.key; copy it over ssh, mode 0600): "
+                             f"msrun's own traffic is unauthenticated, and the key keeps a stranger from taking a "
+                             f"rank's place (docs/security.md)")
     if config.every_k is not None and config.lag_policy != "every-k":
         raise error("every_k", f"only applies with lag_policy every-k, but lag_policy is {config.lag_policy!r}")
     if config.tokenizer_kwargs is not None and not config.tokenizer_factory:

@@ -1,4 +1,5 @@
-"""Who may talk on the evald channels: CURVE keys, a ZAP allow-list, plaintext rules.
+"""Who may talk on the evald channels: CURVE keys, a ZAP allow-list, plaintext rules; and the eval
+group's shared secret (``group.key``), which authenticates its ranks' collective traffic.
 
 evald is the CURVE server of both its sockets and admits only allow-listed client keys;
 a trainer is a CURVE client that talks only to the evald key it was given. Without keys,
@@ -37,8 +38,54 @@ CURVE, NULL = "curve", "null"
 _LOCAL_TRANSPORTS, _ALL_INTERFACES = ("ipc://", "inproc://"), ("*", "0.0.0.0", "[::]", "::")
 
 
+GROUP_KEY_FILE = "group.key"
+GROUP_KEY_BYTES = 32
+
+
 class SecurityError(ValueError):
     """Keys or endpoints that would make the channel less safe than the user asked for."""
+
+
+def write_group_key(path: str | os.PathLike) -> Path:
+    """A new eval group secret (32 random bytes, hex) at ``path``, mode 0600, never over an existing file."""
+    import secrets
+
+    path = Path(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # the umask may have taken bits; never more than 0600
+        os.write(fd, (secrets.token_hex(GROUP_KEY_BYTES) + "\n").encode("ascii"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def load_group_key(path: str | os.PathLike) -> bytes:
+    """The eval group's secret from ``path``: a regular file of evald's user that nobody else may read or
+    write (not a link), holding at least 32 bytes as hex. SecurityError naming the file and the fix."""
+    from evald.contracts.safe_open import UnsafeFile, read_beneath
+
+    path = Path(path)
+    try:
+        data, info = read_beneath(path.parent, path.name, 4096)
+    except (OSError, UnsafeFile) as exc:
+        raise SecurityError(f"cannot read the eval group's key file {path}: {exc}") from None
+    if info.st_uid != os.geteuid():
+        raise SecurityError(f"the eval group's key file {path} belongs to uid {info.st_uid}, not evald's "
+                            f"{os.geteuid()}: whoever owns it can read or replace the group's secret")
+    if info.st_mode & 0o077:
+        raise SecurityError(f"the eval group's key file {path} is accessible to group/others (mode "
+                            f"{oct(info.st_mode & 0o777)}); run: chmod 600 {path} (and make a new key if others "
+                            f"may have read it)")
+    try:
+        key = bytes.fromhex(data.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        key = b""
+    if len(key) < GROUP_KEY_BYTES:
+        raise SecurityError(f"the eval group's key file {path} does not hold at least {GROUP_KEY_BYTES} bytes as "
+                            f"hex; make one with `evald keys DIR` (DIR/{GROUP_KEY_FILE})")
+    return key
 
 
 def generate_keypair(directory: str | os.PathLike, name: str) -> tuple[Path, Path]:

@@ -1,7 +1,8 @@
 """``evald --device 4,5,6,7``: one evaluation on several devices, as an msrun group.
 
     evald --device 0,1 [options]             one host: one eval rank per device
-    evald --device 4,5,6,7 --group '{"nodes": 2, "node_rank": 0, "master_addr": "10.0.0.1", "master_port": 8119}'
+    evald --device 4,5,6,7 --group '{"nodes": 2, "node_rank": 0, "master_addr": "10.0.0.1", "master_port": 8119,
+                                     "key_file": "/etc/evald/group.key"}'
                                              node 0 of two hosts; run the same with node_rank 1 on the other
 
 This process (the launcher) starts msrun, MindSpore's own launcher, which starts its
@@ -16,6 +17,10 @@ one-device evald does (the first finishes the current evaluation, then the group
 the second abandons it); the other ranks and the scheduler ignore them and end when rank 0
 ends the group. A third signal kills the whole group. If any rank dies, msrun ends the
 others; the step under way was never committed, so it is evaluated again at the next start.
+
+msrun's own traffic is unauthenticated, so the launcher gives its ranks the group's secret in their
+environment (a fresh one each start on one host; ``group.key_file`` over several hosts), and every
+command and answer of the group carries its tag (evald.pipeline.group.protocol).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from evald.contracts.auth import SecurityError, load_group_key
 from evald.contracts.outside_paths import OutsidePathError, resolve
 from evald.daemon.run_dir import RunDirError
 from evald.config import ResolvedConfig
@@ -41,6 +47,7 @@ log = logging.getLogger("evald.group")
 
 ENV_WORKER = "EVALD_GROUP_WORKER"            # set by the launcher: this process is a worker (or scheduler)
 ENV_EXIT_FILE = "EVALD_GROUP_EXIT_FILE"      # where rank 0 leaves its exit code for the launcher
+ENV_GROUP_KEY = "EVALD_GROUP_KEY"            # the group's secret (hex), from the launcher to its ranks only
 WATCH_INTERVAL_S = 0.05                       # how often the launcher checks that the known eval ranks live
 SCAN_INTERVAL_S = 1.0                         # how often it looks for eval ranks it has not seen yet
 DEFAULT_COMM_TIMEOUT_S = "600"               # CPU collectives otherwise fail after 30 s of waiting
@@ -118,10 +125,15 @@ def launch(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
     except (OutsidePathError, RunDirError) as exc:  # a link loop, a path too long: a clear error, exit 2
         logging.getLogger("evald").error("%s", exc)
         return 2
+    try:
+        key = group_key(config.group.key_file)
+    except SecurityError as exc:
+        logging.getLogger("evald").error("%s", exc)
+        return 2
     log_dir.mkdir(parents=True, exist_ok=True)
     exit_file = log_dir / "rank0.exit"
     exit_file.unlink(missing_ok=True)
-    env = dict(os.environ, **{ENV_WORKER: "1", ENV_EXIT_FILE: str(exit_file)})
+    env = dict(os.environ, **{ENV_WORKER: "1", ENV_EXIT_FILE: str(exit_file), ENV_GROUP_KEY: key.hex()})
     env.setdefault("MS_CPU_COMM_OP_TIMEOUT", DEFAULT_COMM_TIMEOUT_S)
     _python_first_on_path(log_dir, env)
     port = config.group.master_port or _free_port()
@@ -142,6 +154,30 @@ def launch(resolved: ResolvedConfig, argv: Sequence[str]) -> int:
                       "A step under way was not recorded and is evaluated again at the next start%s", rc, which,
                       log_dir, "".join(f"\n  {name}: {text}" for name, text in first_errors(log_dir)))
     return code
+
+
+def group_key(key_file: str | None) -> bytes:
+    """The group's secret: ``group.key_file``'s (the same on every host), else a fresh one for this start
+    (a group on one host: only this launcher's ranks get it). SecurityError for an unusable key file."""
+    if key_file:
+        return load_group_key(key_file)
+    import secrets
+
+    return secrets.token_bytes(32)
+
+
+def worker_key(environ: dict[str, str]) -> bytes:
+    """The group's secret the launcher put in this rank's environment, taken out of it (children of the
+    rank need not see it); SecurityError when a rank was started without one."""
+    text = environ.pop(ENV_GROUP_KEY, "")
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) < 32:
+        raise SecurityError(f"this eval rank has no group key in {ENV_GROUP_KEY}: start eval groups with "
+                            f"`evald --device a,b,...`, whose launcher gives every rank the group's secret")
+    return key
 
 
 def first_errors(log_dir: Path, lines: int = 6) -> list[tuple[str, str]]:
@@ -305,6 +341,11 @@ def worker(resolved: ResolvedConfig) -> int:
         os.sched_setaffinity(0, cores)  # before mindspore starts its threads
     from mindspore.communication import get_group_size, get_rank, init
 
+    try:
+        key = worker_key(os.environ)
+    except SecurityError as exc:
+        logging.getLogger("evald").error("%s", exc)
+        return 2
     if role == "MS_SCHED":
         init()  # the scheduler serves the group inside init
         return 0
@@ -321,7 +362,7 @@ def worker(resolved: ResolvedConfig) -> int:
             handler.setFormatter(logging.Formatter(logs.TEXT_FORMAT.replace("%(name)s", f"rank{rank} %(name)s")))
     from evald.pipeline.group.protocol import Group
 
-    group = Group(rank, size)
+    group = Group(rank, size, key=key)
     if rank != 0:
         log.info("eval rank %d of %d on device %d: waiting for rank 0's commands", rank, size, config.device.ids[local])
         from evald.pipeline.group.evaluator import follow

@@ -124,6 +124,7 @@ def test_unknown_toml_key_names_the_file_and_the_key(tmp_path):
     (["--stopping-threshold", "5", "--divergence-threshold", "1"], "must be below divergence_threshold"),
     (["--device", "0,1", "--metric-plugin", "a.b:C"], "cannot combine them exactly"),
     (["--group", '{"nodes": 2, "node_rank": 1}'], "needs group.master_port"),
+    (["--group", '{"nodes": 2, "node_rank": 1, "master_port": 8119}'], "needs group.key_file"),
     (["--group", '{"nodes": 2, "node_rank": 2}'], "must be below nodes"),
 ])
 def test_options_that_only_make_sense_together_are_checked(argv, expected):

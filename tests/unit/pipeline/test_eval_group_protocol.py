@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from evald.files.recognise import EVALD
-from evald.pipeline.group.protocol import BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, from_limbs, to_limbs
+from evald.pipeline.group.protocol import (BUILD, DELETED, EVALUATE, EXIT, NOOP, OK, Group, GroupForged, from_limbs,
+                                          to_limbs)
 from tests import faults
 
 def test_the_parts_put_together_are_the_one_device_outputs_bit_for_bit(tmp_path, graph_mode):
@@ -62,20 +63,33 @@ class ThreadSum:
         return reduce_sum
 
 
-def run_ranks(size: int, body) -> list:
+KEY = bytes(range(32))
+
+
+def run_ranks(size: int, body, keys=None, tamper=None) -> list:
+    """``body(group)`` on ``size`` threads, one Group each (with ``keys[rank]``; ``tamper(rank, vector)``
+    changes what a rank adds to a SUM, as a stranger in the collective could); each rank's result, or
+    the exception it raised."""
     summer, results, errors = ThreadSum(size), [None] * size, []
 
     def run(rank: int) -> None:
+        reduce_sum = summer.for_rank(rank)
+        if tamper is not None:
+            inner = reduce_sum
+            reduce_sum = lambda vector: inner(tamper(rank, np.array(vector, np.float32)))  # noqa: E731
         try:
-            results[rank] = body(Group(rank, size, summer.for_rank(rank)))
+            results[rank] = body(Group(rank, size, reduce_sum, key=keys[rank] if keys else None))
         except Exception as exc:  # surfaced below
+            results[rank] = exc
             errors.append(exc)
     threads = [threading.Thread(target=run, args=(rank,)) for rank in range(size)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
-    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads), "a rank is still waiting in a collective"
+    if keys is None and tamper is None:
+        assert not errors, errors
     return results
 
 
@@ -87,7 +101,8 @@ def test_limbs_carry_any_array_exactly(array):
     assert back.dtype == array.dtype and back.tobytes() == array.tobytes()
 
 
-def test_commands_reach_every_rank_and_answers_combine_disjoint_rows_exactly():
+@pytest.mark.parametrize("keyed", [False, True], ids=["in-process", "with the group's key"])
+def test_commands_reach_every_rank_and_answers_combine_disjoint_rows_exactly(keyed):
     layout = {"nll": ((5,), np.dtype(np.float64)), "tokens": ((5, 2), np.dtype(np.int64))}
     rows = {0: [0, 3], 1: [1, 4], 2: [2]}
     expected_nll = np.array([1 / 3, math.pi, -2.5e-8, 1e300, -0.0])
@@ -112,7 +127,7 @@ def test_commands_reach_every_rank_and_answers_combine_disjoint_rows_exactly():
             assert group.receive() == (EXIT, None)
         return received, statuses, combined
 
-    for received, statuses, combined in run_ranks(3, body):
+    for received, statuses, combined in run_ranks(3, body, keys=[KEY] * 3 if keyed else None):
         assert received == (EVALUATE, {"path": "/ckpt/step_1", "kind": "evald"})
         assert statuses == [(OK, "rank 0 says ü"), (OK, "rank 1 says ü"), (DELETED, "rank 2 says ü")]
         rows_2 = [0, 1, 3, 4]  # rank 2 failed: its row stays zero, the others are exact
@@ -134,3 +149,56 @@ def test_rank_0_owes_no_exit_while_an_answer_is_due_and_heartbeats_only_when_idl
     group.heartbeat()
     group.close()  # an answer is owed: sending EXIT now would mismatch the other ranks' collective
     assert sent == [NOOP, BUILD] and group.closed
+
+
+# --- a stranger in msrun's group (docs/security.md, "The eval group's channel") ----------------
+
+COMMAND_ERRORS: dict[int, Exception] = {}
+
+
+def _build_then_answer(group: Group):
+    """Rank 0 sends a BUILD naming a factory, every rank answers: what each rank received, and the answer.
+    A command refused is noted in COMMAND_ERRORS (a real rank stops there; this one answers anyway, to keep
+    the test's ranks in step)."""
+    received = None
+    try:
+        if group.rank == 0:
+            group.command(BUILD, {"model": "examples.tiny_lm.model:build_model"})
+        else:
+            received = group.receive()
+    except GroupForged as exc:
+        COMMAND_ERRORS[group.rank] = exc
+    return received, group.answer(OK, f"rank {group.rank}")
+
+
+def test_a_rank_without_the_groups_key_cannot_answer_for_a_rank():
+    """A process that took rank 1's place (its own key, not the group's) is refused by every rank at the
+    first answer: its status slot does not authenticate."""
+    COMMAND_ERRORS.clear()
+    results = run_ranks(3, _build_then_answer, keys=[KEY, bytes(32), KEY])
+    assert set(COMMAND_ERRORS) == {1}  # the stranger cannot read the command's tag either
+    for rank in (0, 2):
+        assert isinstance(results[rank], GroupForged), results[rank]
+        assert "rank 1's answer" in str(results[rank]) and "without the eval group's key" in str(results[rank])
+
+
+def test_a_stranger_that_adds_to_a_command_is_refused_before_the_command_is_used():
+    """A stranger's SUM contribution that changes the BUILD payload (a different factory to import): every
+    rank refuses the command (rank 0 checks it as the others got it), and the tampered answer after it."""
+    def tamper(rank, vector):
+        if rank == 1 and vector.size > 2:  # the payload's (and the answer's) limbs, not the header
+            vector[0] += 1.0
+        return vector
+    COMMAND_ERRORS.clear()
+    results = run_ranks(3, _build_then_answer, keys=[KEY] * 3, tamper=tamper)
+    assert set(COMMAND_ERRORS) == {0, 1, 2}
+    assert all("command build" in str(exc) for exc in COMMAND_ERRORS.values())
+    assert all(isinstance(result, GroupForged) for result in results)
+
+
+def test_without_tampering_the_keyed_build_reaches_every_rank():
+    COMMAND_ERRORS.clear()
+    results = run_ranks(3, _build_then_answer, keys=[KEY] * 3)
+    assert not COMMAND_ERRORS
+    assert results[1][0] == results[2][0] == (BUILD, {"model": "examples.tiny_lm.model:build_model"})
+    assert results[0][1][0] == [(OK, "rank 0"), (OK, "rank 1"), (OK, "rank 2")]
