@@ -88,6 +88,7 @@ def _pair(run_dir, line: bytes, sidecar: bytes | None = None):
 LONE = [b'{"doc_id": 1, "target": "\\ud800", "resps": [], "metrics": {"acc": 0}}\n',
         b'{"doc_id": 1, "target": "x\\uDFFFy", "resps": [], "metrics": {"acc": 0}}\n',
         b'{"doc_id": 1, "target": "", "resps": [["\\ude00\\ud83d"]], "metrics": {"acc": 0}}\n',   # a pair reversed
+        b'{"doc_id": 1, "target": "\\\\ud83d\\ude00", "resps": [], "metrics": {"acc": 0}}\n',   # "\\" then a low half
         b'{"doc_id": 1, "target": "", "resps": [], "\\ud800": 1, "metrics": {"acc": 0}}\n',
         b'{"doc_id": 1, "target": "", "resps": [], "metrics": {"acc": 0, "\\udbff": 1}}\n']
 
