@@ -46,8 +46,8 @@ def _from_config(args: argparse.Namespace) -> None:
     for name in ("ckpt_dir", "logdir", "run_name"):
         if getattr(args, name) is None and name in layer.values:
             setattr(args, name, coerce(by_name[name], layer.values[name], layer.source, layer.keys[name]))
-    if args.ckpt_dir is None and args.logdir is None:
-        raise RunDirError(f"{args.config} sets neither ckpt_dir nor logdir: give --ckpt-dir")
+    if args.run_dir is None and args.ckpt_dir is None and args.logdir is None:   # --run-dir alone names the run
+        raise RunDirError(f"{args.config} sets neither ckpt_dir nor logdir: give --ckpt-dir or --run-dir")
 
 
 def _from_here(here: Path) -> Path | None:

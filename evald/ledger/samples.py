@@ -15,11 +15,18 @@ non-finite log-likelihood fails the cell, evald.pipeline.suites.runner) is writt
 its place named in the record's ``"nonfinite"`` list, never as a ``NaN``/``Infinity`` literal. Sizes
 are measured in docs/performance.md.
 
+Names: a suite or task name is one directory (:func:`plain_name`: no ``/``, no leading dot, no control
+character...), and the identity hash 64 hex digits, checked where paths are built: a backfill fleet's
+merge writes names and hashes read from cell files (evald.daemon.fleet_merge), and this is the last line.
+
 Reading: the files are input (another run's, a copied folder, a damaged disk), so every read is
 bounded and validated, and every error is a :class:`SampleFileError` naming the file (and line):
-strict UTF-8 JSON (no ``NaN``/``Infinity``; metric values finite, integers within 64 bits), nested at most
-``MAX_DEPTH`` deep (measured before parsing, so 100,000 brackets cost no recursion); a sidecar's
-identity hash is recomputed from its identity, and its step, suite and task must be those of its name.
+opened below the run directory by the one rule (evald.contracts.safe_open: no link anywhere below it,
+no FIFO or device, no hard link); strict UTF-8 JSON (no ``NaN``/``Infinity``; no lone surrogate escape
+``"\\ud800"``, which JSON's reader takes and no UTF-8 writer can write; metric values finite, integers
+within 64 bits), nested at most ``MAX_DEPTH`` deep (measured before parsing, so 100,000 brackets cost no
+recursion); a sidecar's identity hash is recomputed from its identity, and its step, suite and task must
+be those of its name.
 
 - :func:`list_samples` / :func:`current` / :func:`find_samples`: which files exist, which is current
   (the newest sidecar of a step)
@@ -33,6 +40,7 @@ May import: contracts.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import json
@@ -40,6 +48,7 @@ import math
 import os
 import re
 import stat
+import unicodedata
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +57,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from evald.contracts.layout import atomic_write_bytes
+from evald.contracts.safe_open import UnsafeFile, open_beneath, open_dir_beneath
 
 SAMPLES_DIR = "samples"
 MAX_SIDECAR_BYTES = 1 << 20              # a sidecar: identity and aggregated metrics
@@ -64,6 +74,10 @@ _NAME = re.compile(r"step_(\d{1,19})\.([0-9a-f]{12})\.json")
 _HASH = re.compile(r"[0-9a-f]{64}")
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)   # a JSON string literal, escapes included
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")   # \ud800-\udfff: half of a pair (emoji), or alone
+_SURROGATE = re.compile("[\ud800-\udfff]")                             # one left alone once parsed
+MAX_NAME_CHARS = 200                     # a suite's or task's name: one directory of the path
+_NOT_IN_NAMES = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"))   # controls, format, surrogates, unassigned
 
 
 class SampleFileError(ValueError):
@@ -72,6 +86,10 @@ class SampleFileError(ValueError):
 
 class SamplesNotFound(SampleFileError):
     """No per-sample file for that (suite, task, step), or not for the identity asked for."""
+
+
+class UnsafeSampleName(SampleFileError):
+    """A suite or task name that is not a plain name: it would not name one directory below samples/."""
 
 
 @dataclass(frozen=True)
@@ -84,10 +102,15 @@ class SampleFile:
     identity12: str
     sidecar: Path
     mtime_ns: int
+    run_dir: Path          # the root its reads stay below: no link under it is followed
 
     @property
     def samples(self) -> Path:
         return self.sidecar.with_name(f"step_{self.step}.{self.identity12}.jsonl.gz")
+
+    def below_run_dir(self, path: Path) -> str:
+        """``path`` (its sidecar or samples file) relative to the run directory."""
+        return f"{SAMPLES_DIR}/{self.suite}/{self.task}/{path.name}"
 
 
 @dataclass(frozen=True)
@@ -109,8 +132,29 @@ class TaskSamples:
 
 # -- writing ------------------------------------------------------------------------------------------
 
+def plain_name(what: str, name: object) -> str:
+    """``name`` when it can name one directory below ``samples/``: a string of 1 to 200 characters, no
+    ``/`` or ``\\``, no leading dot (so neither ``.`` nor ``..``), no leading or trailing space, no control,
+    format, surrogate or unassigned character (NUL, newlines, bidi overrides). UnsafeSampleName otherwise:
+    names reach this from lm-eval's tasks and from a backfill fleet's cell files (evald.daemon.fleet_merge)."""
+    if not isinstance(name, str):
+        raise UnsafeSampleName(f"a {what} name must be a string, got {type(name).__name__}")
+    why = ("empty" if not name else f"longer than {MAX_NAME_CHARS} characters" if len(name) > MAX_NAME_CHARS
+           else "holding a path separator" if "/" in name or "\\" in name
+           else "starting with a dot" if name.startswith(".")
+           else "starting or ending with a space" if name != name.strip()
+           else "holding a control, format, surrogate or unassigned character"
+           if any(unicodedata.category(c) in _NOT_IN_NAMES for c in name) else None)
+    if why:
+        raise UnsafeSampleName(f"the {what} name {json.dumps(name)[:MAX_NAME_CHARS + 40]} is not a plain name "
+                               f"({why}): per-sample files go to RUN_DIR/{SAMPLES_DIR}/SUITE/TASK/, one directory "
+                               f"per name, so a name may not leave or nest in that directory")
+    return name
+
+
 def samples_dir(run_dir: Path, suite: str, task: str) -> Path:
-    return Path(run_dir) / SAMPLES_DIR / suite / task
+    """``RUN_DIR/samples/SUITE/TASK``; UnsafeSampleName when a name is not plain (:func:`plain_name`)."""
+    return Path(run_dir) / SAMPLES_DIR / plain_name("suite", suite) / plain_name("task", task)
 
 
 def samples_paths(run_dir: Path, suite: str, task: str, step: int, identity_sha256: str) -> tuple[Path, Path]:
@@ -122,12 +166,16 @@ def samples_paths(run_dir: Path, suite: str, task: str, step: int, identity_sha2
 def write_samples(run_dir: Path, *, suite: str, task: str, step: int, identity: Mapping[str, Any],
                   identity_sha256: str, cell_identity: str, metrics: Mapping[str, float],
                   samples: Sequence[Mapping[str, Any]]) -> Path:
-    """Write one task's per-sample file and its sidecar, atomically; the JSONL path."""
+    """Write one task's per-sample file and its sidecar, atomically; the JSONL path. UnsafeSampleName for a
+    suite or task name that is not a plain name, before anything is written."""
+    if not isinstance(identity_sha256, str) or not _HASH.fullmatch(identity_sha256):
+        raise SampleFileError(f"identity_sha256 must be 64 lowercase hex digits, got {identity_sha256!r:.80}")
     data, sidecar = samples_paths(run_dir, suite, task, step, identity_sha256)
-    data.parent.mkdir(parents=True, exist_ok=True)
+    _make_dirs(Path(run_dir), (SAMPLES_DIR, suite, task))
     if sidecar.exists():
         try:
-            old = read_sidecar(SampleFile(suite, task, int(step), identity_sha256[:12], sidecar, 0)).cell_identity
+            old = read_sidecar(SampleFile(suite, task, int(step), identity_sha256[:12], sidecar, 0,
+                                          Path(run_dir))).cell_identity
         except (SampleFileError, OSError):
             old = None
         if old and old != cell_identity:
@@ -142,6 +190,23 @@ def write_samples(run_dir: Path, *, suite: str, task: str, step: int, identity: 
             "documents": len(samples)}
     atomic_write_bytes(sidecar, json.dumps(_strict_record(head), sort_keys=True, indent=1, allow_nan=False).encode("utf-8"))
     return data
+
+
+def _make_dirs(run_dir: Path, parts: tuple[str, ...]) -> None:
+    """``run_dir/parts...``, each directory created where it is missing, none of them a link (a link there
+    would carry the files out of the run directory)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for depth in range(1, len(parts) + 1):
+        relative = "/".join(parts[:depth])
+        try:
+            try:
+                os.close(open_dir_beneath(run_dir, relative))
+            except FileNotFoundError:       # its parent was just opened without a link on the way
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(run_dir / relative)
+                os.close(open_dir_beneath(run_dir, relative))
+        except UnsafeFile as exc:
+            raise SampleFileError(f"per-sample files of {parts[1]}/{parts[2]} are not written: {exc}") from None
 
 
 def identity_digest(identity: Mapping[str, Any]) -> str:
@@ -175,23 +240,27 @@ def _finite_or_none(value: Any, place: str, places: list[str]) -> Any:
 
 def list_samples(run_dir: Path, *, suite: str | None = None, task: str | None = None,
                  step: int | None = None) -> list[SampleFile]:
-    """Every sidecar under ``RUN_DIR/samples`` (filtered), newest last within each (suite, task, step)."""
-    root = Path(run_dir) / SAMPLES_DIR
+    """Every sidecar under ``RUN_DIR/samples`` (filtered), newest last within each (suite, task, step). Listed
+    below the run directory without following any link (evald.contracts.safe_open); a directory whose
+    name is not plain (:func:`plain_name`) is no suite's or task's and is passed over. SampleFileError when
+    ``samples`` or a directory in it is a link or no directory."""
+    run_dir = Path(run_dir)
     found = []
-    for suite_dir in _subdirs(root):
-        if suite is not None and suite_dir.name != suite:
+    for suite_name, _ in _entries(run_dir, SAMPLES_DIR, directories=True):
+        if suite is not None and suite_name != suite:
             continue
-        for task_dir in _subdirs(suite_dir):
-            if task is not None and task_dir.name != task:
+        for task_name, _ in _entries(run_dir, f"{SAMPLES_DIR}/{suite_name}", directories=True):
+            if task is not None and task_name != task:
                 continue
-            for entry in sorted(os.scandir(task_dir), key=lambda e: e.name):
-                match = _NAME.fullmatch(entry.name)
-                if not match or not entry.is_file(follow_symlinks=False):
+            folder = run_dir / SAMPLES_DIR / suite_name / task_name
+            for name, info in _entries(run_dir, f"{SAMPLES_DIR}/{suite_name}/{task_name}", directories=False):
+                match = _NAME.fullmatch(name)
+                if not match:
                     continue
                 at = int(match.group(1))
                 if step is None or at == step:
-                    found.append(SampleFile(suite_dir.name, task_dir.name, at, match.group(2), Path(entry.path),
-                                            entry.stat(follow_symlinks=False).st_mtime_ns))
+                    found.append(SampleFile(suite_name, task_name, at, match.group(2), folder / name,
+                                            info.st_mtime_ns, run_dir))
     return sorted(found, key=lambda f: (f.suite, f.task, f.step, f.mtime_ns, f.identity12))
 
 
@@ -216,32 +285,51 @@ def find_samples(run_dir: Path, suite: str, task: str, step: int, identity: str 
     return found[-1]
 
 
-def _subdirs(path: Path) -> list[Path]:
+def _entries(run_dir: Path, relative: str, *, directories: bool) -> list[tuple[str, os.stat_result]]:
+    """The sub-directories with plain names (``directories``), else the regular files, of ``run_dir/relative``
+    with their ``lstat``, by name; none when it does not exist."""
     try:
-        entries = sorted(os.scandir(path), key=lambda e: e.name)
+        fd = open_dir_beneath(run_dir, relative)
     except FileNotFoundError:
         return []
-    return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    except (UnsafeFile, OSError) as exc:
+        raise SampleFileError(f"{Path(run_dir) / relative} cannot be listed: {exc}") from None
+    out = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue            # removed while listed
+                if directories and stat.S_ISDIR(info.st_mode):
+                    try:
+                        out.append((plain_name("directory", entry.name), info))
+                    except UnsafeSampleName:
+                        continue
+                elif not directories and stat.S_ISREG(info.st_mode):
+                    out.append((entry.name, info))
+    finally:
+        os.close(fd)
+    return sorted(out, key=lambda e: e[0])
 
 
 # -- reading ------------------------------------------------------------------------------------------
 
-def _open_regular(path: Path, limit: int):
-    """Open a regular file (not a link, FIFO or device) no larger than ``limit`` bytes."""
+def _open(file: SampleFile, path: Path, limit: int) -> Any:
+    """``path`` (``file``'s sidecar or samples) opened below its run directory by the one rule
+    (evald.contracts.safe_open: no link anywhere below the run directory, no FIFO or device, one link, at
+    most ``limit`` bytes), as a binary file object; SampleFileError naming it otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        opened = open_beneath(file.run_dir, file.below_run_dir(path), limit)
     except FileNotFoundError:
         raise SampleFileError(f"{path} does not exist") from None
+    except UnsafeFile as exc:   # it names the file and what it is
+        raise SampleFileError(f"{exc} (a symbolic link is not followed below the run directory {file.run_dir}); "
+                              f"not read") from None
     except OSError as exc:
-        raise SampleFileError(f"{path} cannot be opened: {exc.strerror} (a symbolic link is not followed)") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise SampleFileError(f"{path} is not a regular file")
-    if info.st_size > limit:
-        os.close(fd)
-        raise SampleFileError(f"{path} holds {info.st_size} bytes, more than the {limit} a per-sample file may")
-    return os.fdopen(fd, "rb")
+        raise SampleFileError(f"{path} cannot be opened: {exc.strerror or exc}") from None
+    return os.fdopen(opened.fd, "rb")       # the file object owns the descriptor from here
 
 
 def read_sidecar(file: SampleFile) -> Sidecar:
@@ -249,7 +337,7 @@ def read_sidecar(file: SampleFile) -> Sidecar:
     writer flagged a non-finite one), its step, suite and task those of its name, its identity_sha256 the
     hash of its identity."""
     path = file.sidecar
-    with _open_regular(path, MAX_SIDECAR_BYTES) as handle:
+    with _open(file, path, MAX_SIDECAR_BYTES) as handle:
         data = _json_object(str(path), handle.read(MAX_SIDECAR_BYTES + 1), "a sidecar")
     # written as "identity_sha256"; "identity_hash" (the name evald compare prints) is read too
     identity, metrics, cell = data.get("identity"), data.get("metrics"), data.get("cell_identity")
@@ -290,10 +378,11 @@ def read_sidecar(file: SampleFile) -> Sidecar:
 _MISSING = object()
 
 
-def _lines(path: Path) -> Iterator[tuple[str, dict]]:
-    """``(where, document)`` of each non-blank line of a samples file: a JSON object with an integer
+def _lines(file: SampleFile) -> Iterator[tuple[str, dict]]:
+    """``(where, document)`` of each non-blank line of ``file``'s samples: a JSON object with an integer
     doc_id and a metrics object, within the bounds."""
-    with _open_regular(path, MAX_SAMPLES_BYTES) as raw, gzip.GzipFile(fileobj=raw) as lines:
+    path = file.samples
+    with _open(file, path, MAX_SAMPLES_BYTES) as raw, gzip.GzipFile(fileobj=raw) as lines:
         total = 0
         for number in range(1, MAX_DOCUMENTS + 2):
             try:
@@ -355,7 +444,43 @@ def _json_object(where: str, raw: bytes, what: str) -> dict:
         raise SampleFileError(f"{where}: not JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict):
         raise SampleFileError(f"{where}: {what} is a JSON object, got {type(data).__name__}")
+    # the common line has no surrogate escape at all (one with emoji has pairs): only then is it encoded
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text) and not _utf8_encodable(data):
+        place = (_lone_surrogate(data) or "a string")[:200]
+        raise SampleFileError(f"{where}: {place} holds a lone surrogate escape (\\ud800-\\udfff without its pair): "
+                              f"JSON can escape it, but it is no Unicode character and no UTF-8 file can hold it, "
+                              f"so it is not strict UTF-8 JSON")
     return data
+
+
+def _utf8_encodable(data: dict) -> bool:
+    """Whether every string of ``data`` (keys too) is Unicode text: an escaped pair parses to one character,
+    a lone half stays a surrogate, which UTF-8 cannot encode. (A scan of the raw text cannot tell: ``\\\\``
+    before ``ud800`` is an escaped backslash, not an escape.)"""
+    try:
+        json.dumps(data, ensure_ascii=False, check_circular=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _lone_surrogate(data: dict) -> str | None:
+    """Where a string (a key or a value) holding a lone surrogate is, in words; None if none does.
+    Iterative: the nesting is already bounded, but a walk needs no recursion."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        place, value = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return f"the string at {place or 'the top'}"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    return f"a key {'in ' + place if place else 'at the top'}"
+                stack.append((f"{place}.{key}" if place else key, item))
+        elif isinstance(value, list):
+            stack.extend((f"{place}.{i}", item) for i, item in enumerate(value))
+    return None
 
 
 def _document(where: str, line: bytes) -> dict:
@@ -374,7 +499,7 @@ def _document(where: str, line: bytes) -> dict:
 
 def read_documents(file: SampleFile) -> list[dict]:
     """Every document of ``file``'s samples, whole (target, resps, metrics as written), sorted by doc_id."""
-    documents = sorted((doc for _, doc in _lines(file.samples)), key=lambda doc: doc["doc_id"])
+    documents = sorted((doc for _, doc in _lines(file)), key=lambda doc: doc["doc_id"])
     _once_each(file.samples, np.asarray([doc["doc_id"] for doc in documents], dtype=np.int64))
     return documents
 
@@ -382,7 +507,7 @@ def read_documents(file: SampleFile) -> list[dict]:
 def read_samples(file: SampleFile) -> TaskSamples:
     """Every document's metric values, as arrays: each value a finite number or a ``[loglikelihood, weight]``
     pair, each metric on every document."""
-    return _task_samples(file, file.samples, _lines(file.samples))
+    return _task_samples(file, file.samples, _lines(file))
 
 
 def samples_of(records: Sequence[Mapping[str, Any]], where: Path) -> TaskSamples:

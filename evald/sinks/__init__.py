@@ -12,7 +12,8 @@ pointer, and the run summary.
   ``ledger/samples.py``)
 - ``export_cells.py``, ``lm_eval_files.py``, ``every_eval_ever.py``, ``hf_eval_results.py``: ``evald
   export``'s cells, and each format it writes (lm-eval's own files, Every Eval Ever, Hugging Face
-  ``.eval_results``)
+  ``.eval_results``), each through ``export_target.py`` (staged, renamed into ``--out``, never through
+  a link)
 
 May import: config, contracts, ledger, decisions.
 """

@@ -14,7 +14,7 @@ log-likelihood is no correct/incorrect answer, so those metrics have aggregates 
 other filters, whose per-document values evald does not keep). The UUID is
 derived from the cell, so exporting again rewrites the same files.
 
-May import: the sinks' export_cells.
+May import: the sinks' export_cells and export_target (every file goes through it).
 """
 
 from __future__ import annotations
@@ -24,22 +24,21 @@ import json
 from pathlib import Path
 
 from evald.sinks.export_cells import ExportCell, ExportTask, scored_metrics, stable_uuid4, stderr_of
+from evald.sinks.export_target import ExportTarget
 
 SCHEMA_VERSION = "0.2.3"
 SOURCE = {"source_name": "evald", "source_type": "evaluation_run", "source_organization_name": "evald",
           "evaluator_relationship": "first_party"}
 
 
-def write(cell: ExportCell, out: Path, developer: str = "local") -> list[Path]:
+def write(cell: ExportCell, target: ExportTarget, developer: str = "local") -> list[Path]:
     file_id = stable_uuid4(cell.run_name, cell.suite, str(cell.step), cell.cell_identity)
-    folder = out / "every-eval-ever" / "data" / _part(cell.suite) / _part(developer) / _part(cell.model_id)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = ("every-eval-ever", "data", _part(cell.suite), _part(developer), _part(cell.model_id))
     relative = f"data/{_part(cell.suite)}/{_part(developer)}/{_part(cell.model_id)}/{file_id}_samples.jsonl"
     evaluation_id = f"{cell.suite}/{cell.model_id}/{cell.evaluated_at:.6f}"
     instances = [row for name, task in sorted(cell.tasks.items()) for row in _instances(cell, evaluation_id, name, task)]
     samples_text = "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in instances)
-    samples_path = folder / f"{file_id}_samples.jsonl"
-    samples_path.write_text(samples_text, encoding="utf-8")
+    samples_path = target.write_text((*folder, f"{file_id}_samples.jsonl"), samples_text)
     record = {
         "schema_version": SCHEMA_VERSION,
         "evaluation_id": evaluation_id,
@@ -59,8 +58,8 @@ def write(cell: ExportCell, out: Path, developer: str = "local") -> list[Path]:
             "format": "jsonl", "file_path": relative, "hash_algorithm": "sha256",
             "checksum": hashlib.sha256(samples_text.encode("utf-8")).hexdigest(), "total_rows": len(instances)},
     }
-    record_path = folder / f"{file_id}.json"
-    record_path.write_text(json.dumps(record, indent=2, ensure_ascii=False, sort_keys=True), encoding="utf-8")
+    record_path = target.write_text((*folder, f"{file_id}.json"),
+                                    json.dumps(record, indent=2, ensure_ascii=False, sort_keys=True))
     return [record_path, samples_path]
 
 

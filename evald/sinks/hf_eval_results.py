@@ -9,7 +9,7 @@ model revision, so each step gets its own folder to upload as that revision's ``
 
 One entry per metric; ``notes`` names the step, the snapshot digest and the cell identity.
 
-May import: the sinks' export_cells.
+May import: the sinks' export_cells and export_target (every file goes through it).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from pathlib import Path
 import yaml
 
 from evald.sinks.export_cells import ExportCell, scored_metrics, stderr_of
+from evald.sinks.export_target import ExportTarget
 
 
-def write(cell: ExportCell, out: Path) -> list[Path]:
-    folder = out / "hf" / f"step_{cell.step}" / ".eval_results"
-    folder.mkdir(parents=True, exist_ok=True)
+def write(cell: ExportCell, target: ExportTarget) -> list[Path]:
+    folder = ("hf", f"step_{cell.step}", ".eval_results")
     date = time.strftime("%Y-%m-%d", time.gmtime(cell.evaluated_at))
     written = []
     for name, task in sorted(cell.tasks.items()):
@@ -43,7 +43,6 @@ def write(cell: ExportCell, out: Path) -> list[Path]:
                           f"snapshot sha256 {cell.weights_sha256 or 'unknown'}, run {cell.run_name}, evald cell "
                           f"{cell.cell_identity[:12]}"),
             })
-        path = folder / f"{cell.suite}_{name}.yaml"
-        path.write_text(yaml.safe_dump(entries, sort_keys=False, allow_unicode=True), encoding="utf-8")
-        written.append(path)
+        written.append(target.write_text((*folder, f"{cell.suite}_{name}.yaml"),
+                                         yaml.safe_dump(entries, sort_keys=False, allow_unicode=True)))
     return written

@@ -13,7 +13,7 @@ hashes lm-eval computed while evaluating, so a stock ``lm_eval`` run of the task
 documents has the same value. DATE is the evaluation's time; ``evald`` in the results names the
 checkpoint's step and snapshot digest, and ``model_args`` repeats them.
 
-May import: the sinks' export_cells.
+May import: the sinks' export_cells and export_target (every file goes through it).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import re
 from pathlib import Path
 
 from evald.sinks.export_cells import ExportCell, ExportTask, lm_eval_key
+from evald.sinks.export_target import ExportTarget
 
 HASH_KEYS = ("doc_hash", "prompt_hash", "target_hash")
 
@@ -42,18 +43,15 @@ def sanitized(name: str) -> str:
     return re.sub(r"[\"<>:/|\\?*\[\]]+", "__", name)
 
 
-def write(cell: ExportCell, out: Path) -> list[Path]:
-    folder = out / "lm-eval" / cell.suite / f"step_{cell.step}" / sanitized(cell.model_id)
-    folder.mkdir(parents=True, exist_ok=True)
+def write(cell: ExportCell, target: ExportTarget) -> list[Path]:
+    folder = ("lm-eval", cell.suite, f"step_{cell.step}", sanitized(cell.model_id))
     date = cell.timestamp()
     written = []
     for name, task in sorted(cell.tasks.items()):
-        path = folder / f"samples_{name}_{date}.jsonl"
-        path.write_text("".join(json.dumps(_sample(task, s), ensure_ascii=False) + "\n"
-                                for s in sorted(task.samples, key=lambda s: s["doc_id"])), encoding="utf-8")
-        written.append(path)
-    path = folder / f"results_{date}.json"
-    path.write_text(json.dumps(results(cell), indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+        written.append(target.write_text((*folder, f"samples_{name}_{date}.jsonl"), "".join(
+            json.dumps(_sample(task, s), ensure_ascii=False) + "\n" for s in sorted(task.samples, key=lambda s: s["doc_id"]))))
+    path = target.write_text((*folder, f"results_{date}.json"),
+                             json.dumps(results(cell), indent=2, ensure_ascii=False, default=str))
     return [path, *written]
 
 

@@ -48,7 +48,7 @@ def paired_se_of_monitor(run_dir: Path, monitor: str, step: int, best_step: int 
         return PairedSE(None, "no earlier best step to pair with")
     try:
         newest = current(list_samples(run_dir, suite=target.suite, task=target.task))
-    except OSError as exc:
+    except (OSError, SampleFileError) as exc:   # SampleFileError: samples/ or a directory in it is a link
         return PairedSE(None, f"the per-sample outputs under {Path(run_dir) / SAMPLES_DIR} cannot be listed: {exc}")
     here = newest.get((target.suite, target.task, step))
     best = newest.get((target.suite, target.task, best_step))

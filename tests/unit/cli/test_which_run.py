@@ -72,3 +72,15 @@ def test_bare_retry_in_the_checkpoint_directory(run, capsys, monkeypatch):
     monkeypatch.chdir(run.ckpt_dir)
     assert main(["retry"]) == 0
     assert "evald retry:" in capsys.readouterr().out
+
+
+def test_run_dir_alone_names_the_run_whatever_the_config_file_says(run, capsys, tmp_path):
+    """issue 35: `--run-dir` with a --config TOML that sets no ckpt_dir (it is given for its suites, as
+    `evald export` needs them) was refused with "sets neither ckpt_dir nor logdir"."""
+    toml = tmp_path / "evald.toml"
+    toml.write_text("subset_size = 0\n")
+    code, info = _status(capsys, "--run-dir", str(run.path), "--config", str(toml))
+    assert code == 0, info
+    assert info["run_dir"] == str(run.path)
+    code, err = _status(capsys, "--config", str(toml))
+    assert code == 2 and "give --ckpt-dir or --run-dir" in err

@@ -11,6 +11,7 @@ import yaml
 
 from evald.sinks import every_eval_ever, hf_eval_results, lm_eval_files
 from evald.sinks.export_cells import ExportCell, ExportTask, lm_eval_key, stable_uuid4
+from evald.sinks.export_target import open_target
 
 EEE = Path(__file__).resolve().parents[2] / "data" / "every_eval_ever"
 
@@ -36,9 +37,17 @@ def _cell(step: int = 300, with_hashes: bool = True) -> ExportCell:
                       1_780_000_000.25, {"next_line": task})
 
 
+def _written(out: Path, write, cell: ExportCell, *args) -> list[Path]:
+    """``write``'s files of ``cell``, staged and put in place in ``out`` (as evald export does)."""
+    with open_target(out) as target:
+        paths = write(cell, target, *args)
+        assert sorted(target.commit()) == sorted(paths)
+    return paths
+
+
 def test_lm_eval_files_have_its_keys_and_its_task_hash(tmp_path):
     cell = _cell()
-    results_path, samples_path = lm_eval_files.write(cell, tmp_path)
+    results_path, samples_path = _written(tmp_path, lm_eval_files.write, cell)
     assert results_path.name == "results_2026-05-28T20-26-40.250000.json"
     assert samples_path.name == "samples_next_line_2026-05-28T20-26-40.250000.jsonl"
     results = json.loads(results_path.read_text())
@@ -57,12 +66,12 @@ def test_lm_eval_files_have_its_keys_and_its_task_hash(tmp_path):
 
 
 def test_a_cell_without_lm_evals_hashes_has_no_task_hash(tmp_path):
-    results_path = lm_eval_files.write(_cell(with_hashes=False), tmp_path)[0]
+    results_path = _written(tmp_path, lm_eval_files.write, _cell(with_hashes=False))[0]
     assert json.loads(results_path.read_text())["task_hashes"] == {}
 
 
 def test_every_eval_ever_files_pass_its_published_schemas(tmp_path):
-    record_path, samples_path = every_eval_ever.write(_cell(), tmp_path, developer="acme")
+    record_path, samples_path = _written(tmp_path, every_eval_ever.write, _cell(), "acme")
     record = json.loads(record_path.read_text())
     schema = jsonschema.Draft7Validator(json.loads((EEE / "eval.schema.json").read_text()))
     assert [e.message for e in schema.iter_errors(record)] == []
@@ -72,14 +81,14 @@ def test_every_eval_ever_files_pass_its_published_schemas(tmp_path):
     assert record["detailed_evaluation_results"]["total_rows"] == 3
     assert (tmp_path / "every-eval-ever" / record["detailed_evaluation_results"]["file_path"]) == samples_path
     assert record["model_info"]["additional_details"]["weights_sha256"] == "ab" * 32
-    assert every_eval_ever.write(_cell(), tmp_path, developer="acme")[0] == record_path   # the same name again
+    assert _written(tmp_path, every_eval_ever.write, _cell(), "acme")[0] == record_path   # the same name again
     broken = dict(record, source_metadata={"source_type": "evaluation_run"})
     assert list(schema.iter_errors(broken))                                               # the schema does refuse
     assert stable_uuid4("a") == stable_uuid4("a") != stable_uuid4("b")
 
 
 def test_hf_eval_results_name_the_step_and_digest(tmp_path):
-    (path,) = hf_eval_results.write(_cell(step=40), tmp_path)
+    (path,) = _written(tmp_path, hf_eval_results.write, _cell(step=40))
     assert path.relative_to(tmp_path).as_posix() == "hf/step_40/.eval_results/mc_next_line.yaml"
     entries = yaml.safe_load(path.read_text())
     assert [e["value"] for e in entries] == [2 / 3, 0.5, -1.2]
