@@ -16,3 +16,9 @@ class CheckpointDeleted(CheckpointError):
 
 class CheckpointUnreadable(CheckpointError):
     """evald's user may not read it: a permission problem, not a bad file (evald.files.access)."""
+
+
+class CheckpointFileBad(CheckpointError):
+    """A file of the checkpoint is bad: its digest, size or header is not what the manifest says, or it is
+    not a regular file (a FIFO, a link, a device). A fact about the file, the same for every reader of a
+    shared filesystem: an eval group records it as failed whichever rank found it (docs/eval-group.md)."""
