@@ -205,12 +205,14 @@ def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead
         raise CheckpointError(f"step {step}: {problem}")
     specs = {p.name: (p.sliced.global_shape if p.sliced else p.shape, np.dtype(p.dtype))
              for _, m in parts for p in m.params}
+    to_net = name_fit.to_network_names(specs, weights.specs)   # a wrapper's "net." as for a whole snapshot
     try:
-        weights.check_fit(specs, complete=True, strict=True)
+        weights.check_fit({to_net[n]: s for n, s in specs.items()}, complete=True, strict=True)
     except NetworkMismatch as exc:
         raise CheckpointError(f"the {count} parts of step {step} do not make up the evaluation network: "
                               f"{str(exc).split(': ', 1)[1]}") from exc
-    views = weights.destinations() or {}
+    live = weights.destinations() or {}
+    views = {n: live[to_net[n]] for n in specs if to_net[n] in live}   # by checkpoint name
     weights.valid = False
     rest: dict[str, np.ndarray] = {}
     sliced: dict[str, list] = {}
@@ -233,9 +235,9 @@ def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead
             if p.name in into:
                 continue
             if p.sliced is None:
-                rest[p.name] = arrays[p.name]
+                rest[to_net[p.name]] = arrays[p.name]
             else:
-                sliced.setdefault(p.name, []).append((p.sliced, arrays[p.name]))
+                sliced.setdefault(to_net[p.name], []).append((p.sliced, arrays[p.name]))
     if sliced:
         rest.update(merge_slices(sliced))
     weights.assign(rest)
