@@ -19,6 +19,8 @@ class CheckpointUnreadable(CheckpointError):
 
 
 class CheckpointFileBad(CheckpointError):
-    """A file of the checkpoint is bad: its digest, size or header is not what the manifest says, or it is
-    not a regular file (a FIFO, a link, a device). A fact about the file, the same for every reader of a
-    shared filesystem: an eval group records it as failed whichever rank found it (docs/eval-group.md)."""
+    """What a file of the checkpoint holds is refused: its digest, size or header is not what the manifest
+    says, it is not a regular file (a FIFO, a link, a device), or its values cannot go into the network's
+    dtype unchanged. A fact about the file, the same for every reader of a shared filesystem, even when
+    only one rank of an eval group reads that file or that slice: the group records it as failed whichever
+    rank found it (docs/eval-group.md)."""

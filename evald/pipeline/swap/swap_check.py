@@ -38,14 +38,15 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from evald.contracts import layout
 from evald.contracts import safetensors_io as sio
+from evald.contracts.manifest import numpy_dtype_of
 from evald.files.errors import CheckpointDeleted, CheckpointFileBad
-from evald.pipeline.swap import name_fit
+from evald.pipeline.swap import dtypes, name_fit
 
 MODES = ("off", "sampled", "full")
 WINDOWS, WINDOW = 4, 8
@@ -63,17 +64,20 @@ class SwapCheck:
     hashed_bytes: int = 0        # bytes of live memory re-hashed (full)
     unchecked: list[str] = field(default_factory=list)  # parameters with no host view of their memory
     seconds: float = 0.0
+    conversions: dict[str, int] = field(default_factory=dict)  # {"bfloat16→float32": count} (evald.pipeline.swap.dtypes)
 
     def describe(self) -> str:
+        converted = f"; {dtypes.describe(self.conversions)}" if self.conversions else ""
         if self.mode == "off":
-            return "not checked (--tuning verify_swap off)"
+            return f"not checked (--tuning verify_swap off){converted}"
         if not self.parameters:
             return (f"not verified ({self.mode}): none of the {len(self.unchecked)} parameters has a host view to "
-                    f"compare, {self.seconds * 1e3:.1f} ms")
+                    f"compare, {self.seconds * 1e3:.1f} ms{converted}")
         what = (f"{self.hashed_bytes} bytes re-hashed against the manifest" if self.hashed_bytes
                 else f"{self.elements} sampled elements compared with the checkpoint")
         rest = f"; {len(self.unchecked)} without a host view not checked" if self.unchecked else ""
-        return f"verified ({self.mode}): {self.parameters} parameters, {what}{rest}, {self.seconds * 1e3:.1f} ms"
+        return (f"verified ({self.mode}): {self.parameters} parameters, {what}{rest}, {self.seconds * 1e3:.1f} ms"
+                f"{converted}")
 
 
 def check(params: Mapping[str, object], *, mode: str, step: int, step_dir: Path | None = None,
@@ -83,10 +87,12 @@ def check(params: Mapping[str, object], *, mode: str, step: int, step_dir: Path 
     The checkpoint's names are fitted to the network's as the load fitted them (evald.pipeline.swap.name_fit:
     a wrapper's ``net.``); a loaded parameter the check cannot find in the network is a SwapMismatch."""
     started = time.perf_counter()
-    result = SwapCheck(mode)
+    stored = ({p.name: p.dtype for p in manifest.params} if manifest is not None
+              else {n: np.asarray(a).dtype for n, a in (loaded or {}).items()})
+    result = SwapCheck(mode, conversions=_conversions(params, stored))
     if mode == "off":
         return result
-    names = [p.name for p in manifest.params] if manifest is not None else list(loaded or {})
+    names = list(stored)
     live, shown = _live(params, names, result)
     if manifest is not None and mode == "full":
         _full_against_manifest(live, shown, step_dir, manifest, result)
@@ -120,6 +126,13 @@ def _live(params: Mapping[str, object], names: Sequence[str], result: SwapCheck
     return live, to_net
 
 
+def _conversions(params: Mapping[str, object], stored: Mapping[str, Any]) -> dict[str, int]:
+    """Which checkpoint dtypes the load converted into which network dtypes, and how many parameters."""
+    to_net = name_fit.to_network_names(stored, params)
+    return dtypes.conversions({n: (dtype, numpy_dtype_of(getattr(params[to_net[n]], "dtype", None)))
+                               for n, dtype in stored.items() if to_net[n] in params})
+
+
 def _all_compared(result: SwapCheck, expected: int, where: str) -> None:
     """Every parameter loaded was compared or has no host view to compare; anything else is not a proof."""
     if result.parameters + len(result.unchecked) != expected:
@@ -137,7 +150,8 @@ class PartsRead:
 def check_parts(params: Mapping[str, object], *, mode: str, step: int, parts: PartsRead) -> SwapCheck:
     """``check`` for a partitioned step: each part against the live regions of the parameters it holds."""
     started = time.perf_counter()
-    result = SwapCheck(mode)
+    stored = {p.name: p.dtype for _, m in parts.members for p in m.params}
+    result = SwapCheck(mode, conversions=_conversions(params, stored))
     if mode == "off":
         return result
     expected = 0

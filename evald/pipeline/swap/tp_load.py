@@ -48,7 +48,7 @@ from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointFil
 from evald.files.parts import fit_problem, pieces_of_parts
 from evald.files.recognise import CHECKPOINT2, EVALD, PARTS
 from evald.files.slices import Piece, plan_reads, read_region, tp_region
-from evald.pipeline.swap import name_fit
+from evald.pipeline.swap import dtypes, name_fit
 
 
 @dataclass(frozen=True)
@@ -191,6 +191,9 @@ def read_rank(path: Path, kind: str, specs: Mapping[str, tuple], degree: int, ra
                                           if names)
                               + f" ({name_fit.explain(stored.params, specs)})")
     dims = cut_dims(by_net, {n: tuple(s[0]) for n, s in specs.items()}, degree)
+    kinds = dtypes.refusal({n: (by_net[n].dtype, spec[1]) for n, spec in specs.items()})
+    if kinds:   # before a byte is read: evald.pipeline.swap.dtypes, the rule of every loader
+        raise CheckpointError(f"checkpoint does not fit the evaluation network: {kinds}")
     mine = verify_share(stored.files, *share)
     verified = _verify(mine)
     arrays, total = {}, 0
