@@ -193,9 +193,12 @@ class Evaluator:
         validation was done earlier); its provenance. CheckpointError if it is bad."""
         return self.swap_in(path, kind, step)[0]
 
-    def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> PartResult:
-        """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows."""
+    def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never,
+                      after_swap: Callable[[], None] = lambda: None) -> PartResult:
+        """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows. ``after_swap``: a
+        tensor-parallel group's agreement that every rank swapped in (evald.pipeline.group.evaluator)."""
         provenance, load_s, verify_s = self.swap_in(path, kind)  # every rank proves its own swap
+        after_swap()
         full = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()}
         if self.part_batches:
             for name, values in self.task.outputs(self.cell, self.part_batches, should_abort).items():

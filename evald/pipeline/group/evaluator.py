@@ -97,24 +97,56 @@ def verdict(statuses: list[tuple[int, str]], own: Exception | None, what: str) -
         raise RuntimeError(f"the other eval ranks could not {what} ({'; '.join(others)})")
 
 
+class _AnotherRankFailed(Exception):
+    """This rank swapped the checkpoint in, another did not: nothing is evaluated (a tensor-parallel
+    model's own collectives need every rank), and the agreement's answers are the evaluation's."""
+
+    def __init__(self, statuses: list[tuple[int, str]]) -> None:
+        super().__init__("another eval rank could not load the checkpoint")
+        self.statuses = statuses
+
+
 def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: str, should_abort: ShouldAbort
                   ) -> tuple[list[tuple[int, str]], dict, PartResult | None, Exception | None]:
-    """Evaluate this rank's part and exchange answers: (statuses, whole arrays, own part, own error)."""
+    """Evaluate this rank's part and exchange answers: (statuses, whole arrays, own part, own error).
+
+    In a tensor-parallel group the ranks first agree that every one of them swapped the checkpoint in
+    (one answer, statuses only), because the model's forward runs collectives of its own that every rank
+    must join: a rank whose load failed (a bad file only it verified) would otherwise wait in the answer
+    while the others wait in the model. If any rank failed, that agreement is the evaluation's answer and
+    no rank runs the model; otherwise the evaluation's answer follows as usual."""
     code, text, part, error = OK, "", None, None
+    tensor_parallel = evaluator is not None and evaluator.tensor_parallel[0] > 1
+    agreed = False
+
+    def agree() -> None:
+        nonlocal agreed
+        agreed = True
+        statuses, _ = group.answer(OK)
+        if any(c != OK for c, _ in statuses):
+            raise _AnotherRankFailed(statuses)
+        group.awaiting_answer = True   # the evaluation's own answer is still owed
+
     try:
         if evaluator is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        part = evaluator.evaluate_part(Path(path), kind, should_abort)
-        if evaluator.tensor_parallel[0] > 1 and group.rank != 0:  # every rank computed the same values:
+        part = evaluator.evaluate_part(Path(path), kind, should_abort,
+                                       after_swap=agree if tensor_parallel else lambda: None)
+        if tensor_parallel and group.rank != 0:  # every rank computed the same values:
             part = dataclasses.replace(part, arrays={k: np.zeros_like(v) for k, v in part.arrays.items()})
             # rank 0's alone go into the SUM
     except EvaluationInterrupted:
         raise  # a forced shutdown: no answer; msrun ends the other ranks
+    except _AnotherRankFailed as exc:
+        return exc.statuses, {}, None, None
     except Exception as exc:  # noqa: BLE001 - every rank must answer, whatever happened to it
         code = status_of(exc)
         text, error = str(exc) if code != ERROR else repr(exc), exc
         if code == ERROR:
             log.exception("rank %d: evaluating %s raised unexpectedly", group.rank, path)
+        if tensor_parallel and not agreed:   # this rank's swap failed: the others wait to agree on it
+            statuses, _ = group.answer(code, text)
+            return statuses, {}, None, error
     layout = evaluator.layout if evaluator is not None else {}
     statuses, combined = group.answer(code, text, part.arrays if part is not None else None, layout)
     return statuses, combined, part, error

@@ -9,7 +9,9 @@ files (a FIFO) are refused at once, never waited on.
 
 The group runs in threads with a thread-barrier SUM standing in for AllReduce
 (tests/unit/pipeline/test_eval_group_protocol.py), and each rank's "network" is a stand-in whose load is
-the real tensor-parallel load (``Evaluator._load_shard``), so no model is compiled.
+the real tensor-parallel load (``Evaluator._load_shard``) and whose forward is one collective of its own,
+as a tensor-parallel model's is, so no model is compiled: a rank that found a bad file must not leave the
+others waiting in the model's collective while it answers.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.reshard_read import llama_weights, write_tp
@@ -109,10 +112,11 @@ class _Weights:
 
 
 class _Rank:
-    """A rank's Evaluator, but for the network: loading is the real tensor-parallel load."""
+    """A rank's Evaluator, but for the network: loading is the real tensor-parallel load, and its forward is
+    one collective of the model's own (a tensor-parallel model's AllReduce), which every rank must join."""
 
-    def __init__(self, rank: int, size: int, refusals: dict) -> None:
-        self.tensor_parallel, self.rank = (size, rank), rank
+    def __init__(self, rank: int, size: int, refusals: dict, model_sum) -> None:
+        self.tensor_parallel, self.rank, self.model_sum = (size, rank), rank, model_sum
         self.weights = _Weights(_specs(WEIGHTS, CUTS, size, rank))
         self.layout, self.subset, self.batches, self.refusals = {}, None, [], refusals
 
@@ -125,10 +129,12 @@ class _Rank:
             self.refusals.setdefault(path, {})[self.rank] = exc
             raise
 
-    def evaluate_part(self, path, kind, should_abort):
+    def evaluate_part(self, path, kind, should_abort, after_swap=lambda: None):
         from evald.pipeline.network import PartResult
 
         self._load(path, kind)
+        after_swap()
+        self.model_sum(np.ones(3, np.float32))   # the model's own collective: a vector of another length
         return PartResult({}, 0.0, 0.0, {"weights_sha256": "x"})
 
     def load_only(self, path, kind, step=None):
@@ -145,10 +151,13 @@ def _group(monkeypatch, size: int, rank0, refusals: dict | None = None) -> tuple
     from evald.pipeline.group import evaluator as group_evaluator
 
     refusals = {} if refusals is None else refusals
-    monkeypatch.setattr(group_evaluator, "build_local", lambda spec, part: _Rank(part[0], part[1], refusals))
+    sums = {}
+    monkeypatch.setattr(group_evaluator, "build_local",
+                        lambda spec, part: _Rank(part[0], part[1], refusals, sums[part[0]]))
     factory = FactorySpec("examples.tiny_lm.model:build_model")
 
     def body(group):
+        sums[group.rank] = group._sum
         if group.rank:
             return group_evaluator.follow(group)
         evaluator = group_evaluator.GroupEvaluator(group, task="lm", model=factory, data=factory, subset_size=8,
