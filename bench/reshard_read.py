@@ -11,6 +11,11 @@ every cut weight, the whole replicated ones). Per rank: bytes read (os.pread, co
 part's MANIFEST.json, which each rank reads whole) over its share
 (the bytes of what it holds), and whether what it read equals numpy's slice of the full weights.
 Goal (issue 29): bytes read <= 1.05 x share; 0 optimizer bytes (a snapshot holds none).
+
+Then the cost of verification (issue 35): each rank of a group also streams its share of the snapshot's
+weights files through the whole-file check (evald.pipeline.swap.tp_load.read_rank with share=(rank, N)).
+Side by side, alternating, page cache warm, median of ``--reps``: the slices alone (this bench's read, what
+a rank did before) and ``read_rank`` with its share verified; per rank the bytes hashed and the time ratio.
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +110,59 @@ def read_rank(ckpt: Path, step: int, written: int, cuts: dict[str, int | None], 
     return out, read, share
 
 
+def slices_into(ckpt: Path, step: int, written: int, cuts: dict[str, int | None], degree: int, rank: int,
+                live: dict[str, np.ndarray]) -> None:
+    """The rank's slices alone, read straight into ``live`` (as a rank reads into its parameters): what a
+    rank read before it verified its share of the files."""
+    from evald.contracts.partition import part_dir_name
+
+    parts = [(ckpt / part_dir_name(step, i, written), layout.read_manifest(ckpt / part_dir_name(step, i, written)))
+             for i in range(written)]
+    for name, (shape, dtype, pieces) in pieces_of_parts(parts).items():
+        want = tp_region(shape, cuts[name], degree, rank)
+        read_region(plan_reads(pieces, want, np.dtype(dtype).itemsize), want, np.dtype(dtype), live[name])
+
+
+def time_verification(root: Path, weights: dict[str, np.ndarray], cuts: dict[str, int | None], reps: int
+                      ) -> list[dict]:
+    """Per case and rank, into the same pre-touched arrays (a rank's live parameters), alternating: the slices
+    alone, and tp_load.read_rank with the rank's share of the files verified (share=(rank, degree))."""
+    from evald.contracts.partition import group_name
+    from evald.files.recognise import PARTS
+    from evald.pipeline.swap.tp_load import read_rank as verified_read
+
+    print(f"\nverification: slices alone vs slices + the rank's share of the files hashed (into live arrays, "
+          f"page cache warm, median of {reps})")
+    print(f"{'written':>8} {'read':>5} {'rank':>5} {'share MiB':>10} {'hashed MiB':>11} {'slices s':>9} "
+          f"{'+verify s':>10} {'ratio':>6}")
+    out = []
+    for written, degree in CASES:
+        ckpt = root / f"tp{written}"
+        for rank in range(degree):
+            live = {n: np.ones(tuple(b - a for a, b in tp_region(w.shape, cuts[n], degree, rank)), w.dtype)
+                    for n, w in weights.items()}
+            specs = {n: (a.shape, a.dtype) for n, a in live.items()}
+            alone, checked, hashed = [], [], 0
+            for _ in range(reps):
+                begun = time.perf_counter()
+                slices_into(ckpt, 10, written, cuts, degree, rank, live)
+                alone.append(time.perf_counter() - begun)
+                begun = time.perf_counter()
+                got = verified_read(ckpt / group_name(10, written), PARTS, specs, degree, rank, into=live,
+                                    share=(rank, degree))
+                checked.append(time.perf_counter() - begun)
+                hashed = got.bytes_verified
+            share = sum(a.nbytes for a in live.values())
+            row = {"written_tp": written, "read_tp": degree, "rank": rank, "share_bytes": share,
+                   "hashed_bytes": hashed, "slices_s": statistics.median(alone),
+                   "verified_s": statistics.median(checked)}
+            row["ratio"] = row["verified_s"] / row["slices_s"]
+            out.append(row)
+            print(f"{written:>8} {degree:>5} {rank:>5} {share / 2**20:>10.2f} {hashed / 2**20:>11.2f} "
+                  f"{row['slices_s']:>9.4f} {row['verified_s']:>10.4f} {row['ratio']:>6.2f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.reshard_read")
     parser.add_argument("--hidden", type=int, default=512)
@@ -110,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--reps", type=int, default=5, help="timed reads per rank for the verification table")
     args = parser.parse_args(argv)
     weights, cuts = llama_weights(args.hidden, args.layers, args.vocab)
     total = sum(a.nbytes for a in weights.values())
@@ -134,10 +195,12 @@ def main(argv: list[str] | None = None) -> int:
                                 "optimizer_bytes": 0})
                 print(f"{written:>8} {degree:>5} {rank:>5} {read / 2**20:>9.2f} {share / 2**20:>10.2f} "
                       f"{read / share:>6.3f} {exact}")
+        verification = time_verification(root, weights, cuts, args.reps)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.json:
-        args.json.write_text(json.dumps({"model_bytes": total, "results": results}, indent=1))
+        args.json.write_text(json.dumps({"model_bytes": total, "results": results, "verification": verification},
+                                        indent=1))
     worst = max(r["ratio"] for r in results)
     print(f"worst ratio bytes read / share: {worst:.4f} (goal <= 1.05); all exact: {all(r['exact'] for r in results)}")
     return 0 if worst <= 1.05 and all(r["exact"] for r in results) else 1

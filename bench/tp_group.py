@@ -26,7 +26,8 @@ degree, in one run, side by side:
   also reported, but it already holds the parameters once, so it is not the baseline.
 * The time one rank takes to read its share: ``evald.pipeline.swap.tp_load.read_rank`` on the same
   files in this process after the group has exited (page cache warm, as in the group's read), the
-  median of ``--reads``.
+  median of ``--reads``: its slices, and its share of the files verified (``share=(rank, degree)``), as a
+  rank of the group does.
 
 Goals (issue 29): (peak - baseline) / share <= 1.3 for every eval rank; commit-to-point <= 1.3 x the
 time one rank takes to read its share. Prints a markdown table and the load average before and after.
@@ -276,7 +277,8 @@ def time_reads(ckpt: Path, shapes: dict, degree: int, reps: int) -> list[dict]:
         times, nbytes = [], 0
         for _ in range(reps):
             begun = time.perf_counter()
-            read = tp_load.read_rank(ckpt / group_name(STEP, WRITTEN_TP), PARTS, specs, degree, rank)
+            read = tp_load.read_rank(ckpt / group_name(STEP, WRITTEN_TP), PARTS, specs, degree, rank,
+                                     share=(rank, degree))   # its slices and its share of the files' digests
             times.append(time.perf_counter() - begun)
             nbytes = read.bytes_read
             del read

@@ -210,14 +210,9 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
     unspecified bytes until a later read succeeds.
     """
     step_dir, into = Path(step_dir), into or {}
-    jobs = []
-    for spec in manifest.files:
-        params = [p for p in manifest.params if p.file == spec.name]
-        _check_accounted(step_dir / spec.name, spec.bytes, params)
-        expected = [sio.Segment(p.name, p.dtype, p.shape, p.offset) for p in params]
-        jobs.append({"path": step_dir / spec.name, "nbytes": spec.bytes, "digest": spec.digest,
-                     "algorithm": manifest.hash_algorithm, "expected": expected,
-                     "into": {p.name: into[p.name] for p in params if p.name in into}})
+    jobs = file_jobs(step_dir, manifest)
+    for job in jobs:
+        job["into"] = {s.name: into[s.name] for s in job["expected"] if s.name in into}
     try:
         arrays = parallel_io.read_files(jobs, threads)
     except sio.WeightsFileError as exc:
@@ -229,6 +224,23 @@ def read_checkpoint(step_dir: Path, manifest: Manifest, *, into: Mapping[str, np
     return {p.name: arrays[p.name] for p in manifest.params}
 
 
+def file_jobs(step_dir: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    """For each weights file of the checkpoint at ``step_dir``, the keyword arguments with which
+    safetensors_io reads or verifies it (path, size, digest, check, the tensors the manifest says it holds,
+    and the directory no link is followed below: ``step_dir``'s parent); each file's size checked against
+    its tensors first (``check_accounted``), before a byte of any file is read. Every reader of evald's
+    layout, one device or a tensor-parallel rank, checks the same."""
+    step_dir = Path(step_dir)
+    jobs = []
+    for spec in manifest.files:
+        params = [p for p in manifest.params if p.file == spec.name]
+        check_accounted(step_dir / spec.name, spec.bytes, params)
+        expected = [sio.Segment(p.name, p.dtype, p.shape, p.offset) for p in params]
+        jobs.append({"path": step_dir / spec.name, "nbytes": spec.bytes, "digest": spec.digest,
+                     "algorithm": manifest.hash_algorithm, "expected": expected, "root": step_dir.parent})
+    return jobs
+
+
 def header_bound(names: Sequence[str]) -> int:
     """The most bytes a safetensors file of tensors ``names`` needs beyond their data: the length
     prefix, JSON of at most 6 bytes a character (``\\uXXXX``) per name plus each entry's dtype, shape and
@@ -236,7 +248,7 @@ def header_bound(names: Sequence[str]) -> int:
     return 8 + 4096 + sum(6 * len(name) + 256 for name in names) + 7
 
 
-def _check_accounted(path: Path, nbytes: int, params: Sequence[ParamSpec]) -> None:
+def check_accounted(path: Path, nbytes: int, params: Sequence[ParamSpec]) -> None:
     """Refuse, before a byte is read, a file the manifest's tensors do not account for: its size is
     their data plus at most a header (header_bound). The tensors must fit the network (checked from
     the manifest before this), so a checkpoint never costs more reading than the network holds; a

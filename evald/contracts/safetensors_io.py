@@ -16,11 +16,9 @@ the safetensors package is imported.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
-import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +27,13 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from evald.contracts import integrity
+from evald.contracts.safe_open import OpenedFile, UnsafeFile, open_beneath
 
 # The integrity checks by name (version 1 of each; evald.contracts.integrity): a fresh hasher each call.
 HASHES: dict[str, Callable[[], object]] = {c.algorithm: c.new for c in integrity.CHECKS.values() if c.version == 1}
 CHUNK_BYTES = 4 << 20          # hashed while still in the CPU cache after its read/write
 MAX_HEADER_BYTES = 100 << 20   # the safetensors reference implementation's limit too
+_NO_LIMIT = 1 << 62            # a weights file's size is checked against its manifest instead
 _TO_SAFETENSORS = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
                    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
                    "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL"}
@@ -42,6 +42,14 @@ _FROM_SAFETENSORS = {v: k for k, v in _TO_SAFETENSORS.items()}
 
 class WeightsFileError(ValueError):
     """A weights file is missing, of the wrong size or kind, malformed or corrupted."""
+
+
+class WeightsFileMissing(WeightsFileError):
+    """A weights file the manifest names is not there (deleted after the commit, by retention or a user)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"{path}: weights file missing (deleted after commit?)")
+        self.path = Path(path)
 
 
 class Abandoned(WeightsFileError):
@@ -157,46 +165,42 @@ def _write_hashed(fd: int, data: memoryview, digest, stop: threading.Event | Non
 # ---------------------------------------------------------------- reading
 
 
+def open_weights(path: Path, nbytes: int, root: Path | None = None) -> OpenedFile:
+    """Weights file ``path`` opened under the one rule (evald.contracts.safe_open: no link below ``root``,
+    default the file's own directory; never blocking; a regular file with one name) and of exactly the
+    ``nbytes`` its manifest declares. Every reader of evald's layout opens its files here, so one device and
+    a tensor-parallel rank say the same about the same file. The caller closes it (a context manager)."""
+    root = Path(path).parent if root is None else Path(root)
+    try:
+        opened = open_beneath(root, Path(path).relative_to(root), _NO_LIMIT)
+    except FileNotFoundError as exc:
+        raise WeightsFileMissing(path) from exc
+    except UnsafeFile as exc:
+        raise WeightsFileError(str(exc)) from exc
+    except OSError as exc:
+        raise WeightsFileError(f"{path}: cannot be opened ({exc.strerror})") from exc
+    if opened.info.st_size != nbytes:
+        opened.close()
+        raise WeightsFileError(f"{path}: {opened.info.st_size} bytes on disk but the manifest says {nbytes} "
+                               f"(truncated or overwritten after commit)")
+    return opened
+
+
 def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
               expected: Sequence[Segment] | None = None, into: Mapping[str, np.ndarray] | None = None,
-              stop: threading.Event | None = None) -> dict[str, np.ndarray]:
+              stop: threading.Event | None = None, root: Path | None = None) -> dict[str, np.ndarray]:
     """Read one file once, verifying its size before and its hash after; never past ``nbytes``.
 
     ``expected``: the segments the manifest declares (their header must say the
     same); None to take them from the header (version-1 manifests). Tensors named
     in ``into`` are read straight into those arrays, the others into new ones.
+    ``root``: no link is followed below it (``open_weights``).
     """
     into = into or {}
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError as exc:
-        raise WeightsFileError(f"{path}: weights file missing (deleted after commit?)") from exc
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # never follow a link: it could lead out of the checkpoint
-            raise WeightsFileError(f"{path}: a symbolic link; a checkpoint holds only regular files") from exc
-        raise WeightsFileError(f"{path}: cannot be opened ({exc.strerror})") from exc
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise WeightsFileError(f"{path}: not a regular file; a checkpoint holds only regular files")
-        if info.st_nlink > 1:  # no writer of the layout hard-links: another name may be outside the checkpoint
-            raise WeightsFileError(f"{path}: a hard link ({info.st_nlink} names); a checkpoint holds only its own files")
-        if info.st_size != nbytes:
-            raise WeightsFileError(f"{path}: {info.st_size} bytes on disk but the manifest says {nbytes} "
-                                   f"(truncated or overwritten after commit)")
+    with open_weights(path, nbytes, root) as opened:
+        fd = opened.fd
         hasher = HASHES[algorithm]()
-        try:
-            segments = _read_header(fd, path, nbytes, hasher)
-            if expected is not None and sorted(segments, key=_key) != sorted(expected, key=_key):
-                raise WeightsFileError(f"{path}: its safetensors header does not list the tensors, dtypes, "
-                                       f"shapes and offsets the manifest does (written by another tool?)")
-        except Unaccounted:
-            raise  # a sparse or padded file: the bytes no tensor owns are not worth a read
-        except WeightsFileError as exc:
-            # Corruption or a lying manifest? Hash the rest (bounded by nbytes) to tell which.
-            _hash_rest(fd, path, nbytes, hasher, stop)
-            _compare(path, algorithm, hasher.hexdigest(), digest, f"; {str(exc).split(': ', 1)[1]}")
-            raise
+        segments = _checked_header(fd, path, nbytes, digest, algorithm, expected, hasher, stop)
         out = {}
         for seg in segments:
             dest = into.get(seg.name)
@@ -206,10 +210,41 @@ def read_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
                 _check_destination(path, seg, dest)
             _read_hashed(fd, path, _bytes_of(dest), hasher, stop)
             out[seg.name] = dest
-    finally:
-        os.close(fd)
     _compare(path, algorithm, hasher.hexdigest(), digest, "")
     return out
+
+
+def verify_file(path: Path, *, nbytes: int, digest: str, algorithm: str,
+                expected: Sequence[Segment] | None = None, stop: threading.Event | None = None,
+                root: Path | None = None) -> int:
+    """Check one file exactly as ``read_file`` does (size, header against ``expected``, digest), with the
+    same errors, but keep none of its tensors: its bytes stream through one buffer of ``CHUNK_BYTES``. For a
+    tensor-parallel rank, which reads only its slices and verifies its share of the files. The bytes hashed."""
+    with open_weights(path, nbytes, root) as opened:
+        hasher = HASHES[algorithm]()
+        _checked_header(opened.fd, path, nbytes, digest, algorithm, expected, hasher, stop)
+        _hash_rest(opened.fd, path, nbytes, hasher, stop)  # the tensors tile the rest (_read_header checked)
+    _compare(path, algorithm, hasher.hexdigest(), digest, "")
+    return nbytes
+
+
+def _checked_header(fd: int, path: Path, nbytes: int, digest: str, algorithm: str,
+                    expected: Sequence[Segment] | None, hasher, stop: threading.Event | None) -> list[Segment]:
+    """The file's segments from its header (hashed), checked against ``expected``. A header that is wrong is
+    told apart from a corrupted file by hashing the rest: a digest mismatch says corruption."""
+    try:
+        segments = _read_header(fd, path, nbytes, hasher)
+        if expected is not None and sorted(segments, key=_key) != sorted(expected, key=_key):
+            raise WeightsFileError(f"{path}: its safetensors header does not list the tensors, dtypes, "
+                                   f"shapes and offsets the manifest does (written by another tool?)")
+    except Unaccounted:
+        raise  # a sparse or padded file: the bytes no tensor owns are not worth a read
+    except WeightsFileError as exc:
+        # Corruption or a lying manifest? Hash the rest (bounded by nbytes) to tell which.
+        _hash_rest(fd, path, nbytes, hasher, stop)
+        _compare(path, algorithm, hasher.hexdigest(), digest, f"; {str(exc).split(': ', 1)[1]}")
+        raise
+    return segments
 
 
 def _compare(path: Path, algorithm: str, found: str, digest: str, also: str) -> None:
@@ -249,7 +284,9 @@ def _read_header(fd: int, path: Path, nbytes: int, hasher) -> list[Segment]:
                     for name, e in entries.items() if name != "__metadata__"]
         ends = {s.name: 8 + size + int(entries[s.name]["data_offsets"][1]) for s in segments}
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-        raise WeightsFileError(f"{path}: unreadable safetensors header ({exc!r})") from exc
+        # str, not repr: a UnicodeDecodeError's repr holds the whole header (megabytes), str says where it broke
+        raise WeightsFileError(f"{path}: unreadable safetensors header ({type(exc).__name__}: {str(exc)[:200]})"
+                               ) from exc
     segments.sort(key=_key)
     at = 8 + size
     for seg in segments:

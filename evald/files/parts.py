@@ -150,14 +150,17 @@ def fit_problem(parts: Sequence[tuple[str, layout.Manifest]], run_id: str | None
 def pieces_of_parts(parts: Sequence[tuple[Path, layout.Manifest]]
                     ) -> dict[str, tuple[tuple[int, ...], str, list[Piece]]]:
     """Every parameter of a step's parts (checked by ``fit_problem``): its full shape, dtype and the
-    stored pieces (file, byte offset, region), for a tensor-parallel rank's reads (evald.files.slices)."""
+    stored pieces (file, byte offset, region), for a tensor-parallel rank's reads (evald.files.slices).
+    Each piece's file is opened with no link followed below the directory holding the parts, and must have
+    the size its manifest declares."""
     out: dict[str, tuple[tuple[int, ...], str, list[Piece]]] = {}
     for part_dir, manifest in parts:
+        sizes = {f.name: f.bytes for f in manifest.files}   # every file a param names is listed (manifest.py)
         for p in manifest.params:
             if p.offset is None:
                 raise ValueError(f"{part_dir.name}: {p.name!r} has no byte offset in its manifest")
             full = p.sliced.global_shape if p.sliced is not None else p.shape
             region = p.sliced.region if p.sliced is not None else tuple((0, d) for d in p.shape)
-            out.setdefault(p.name, (tuple(full), p.dtype, []))[2].append(Piece(Path(part_dir) / p.file, p.offset,
-                                                                               region))
+            piece = Piece(Path(part_dir) / p.file, p.offset, region, Path(part_dir).parent, sizes[p.file])
+            out.setdefault(p.name, (tuple(full), p.dtype, []))[2].append(piece)
     return out

@@ -8,7 +8,8 @@ tensor. An eval rank of a tensor-parallel group wants one box of it (``tp_region
 the cut dimension, or all of it). ``plan_reads`` intersects the two and turns each intersection into
 runs of contiguous bytes: where the wanted box covers the inner dimensions of a piece entirely, a run
 spans them, so a cut along the first dimension is one run per piece, and a cut along the last is one
-run per row. ``read_region`` reads exactly those runs with ``os.pread`` into the rank's array:
+run per row. ``read_region`` reads exactly those runs with ``os.pread`` into the rank's array, each file opened
+under the one rule (evald.contracts.safe_open: a FIFO, link or device is refused at once, never waited on):
 no rank touches a byte it does not hold, whatever layout the pieces were written in
 (bench/reshard_read.py measures the bytes). The pieces must tile the wanted box (the caller has
 checked that the pieces tile the parameter: evald.files.checkpoint2, evald.files.parts).
@@ -16,6 +17,7 @@ checked that the pieces tile the parameter: evald.files.checkpoint2, evald.files
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import os
@@ -25,18 +27,26 @@ from typing import Sequence
 
 import numpy as np
 
-from evald.files.errors import CheckpointError
+from evald.contracts import safetensors_io as sio
+from evald.contracts.safe_open import OpenedFile, UnsafeFile, open_beneath
+from evald.files.errors import CheckpointError, CheckpointFileBad
 
 Region = tuple[tuple[int, int], ...]
+_NO_LIMIT = 1 << 62   # reads stay inside the file: each run's length is checked
 
 
 @dataclass(frozen=True)
 class Piece:
-    """A stored box of a parameter: ``region`` of the global shape, C-ordered at ``offset`` of ``file``."""
+    """A stored box of a parameter: ``region`` of the global shape, C-ordered at ``offset`` of ``file``.
+    ``file`` is opened under the one rule (evald.contracts.safe_open): no link below ``root`` (default: the
+    file's own directory), never a FIFO or device; ``file_bytes``, when the manifest declares the file's
+    size (evald's layout), is checked as one device checks it (evald.contracts.safetensors_io.open_weights)."""
 
     file: Path
     offset: int                       # absolute byte offset of its first element in the file
     region: Region
+    root: Path | None = None
+    file_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,8 @@ class Run:
     nbytes: int
     dest: tuple[slice, ...]
     shape: tuple[int, ...]            # of the elements the run holds, as they go into ``dest``
+    root: Path | None = None          # the piece's (Piece)
+    file_bytes: int | None = None
 
 
 def tp_region(global_shape: Sequence[int], dim: int | None, degree: int, rank: int) -> Region:
@@ -70,7 +82,7 @@ def plan_reads(pieces: Sequence[Piece], want: Region, itemsize: int) -> list[Run
     covered = 0
     for piece in pieces:
         if not piece.region:  # a 0-d parameter: one element, whole
-            runs.append(Run(piece.file, piece.offset, itemsize, (), ()))
+            runs.append(Run(piece.file, piece.offset, itemsize, (), (), piece.root, piece.file_bytes))
             covered += 1
             continue
         box = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(piece.region, want))
@@ -93,7 +105,8 @@ def plan_reads(pieces: Sequence[Piece], want: Region, itemsize: int) -> list[Run
             dest += tuple(slice(lo + a - w, hi + a - w) for (lo, hi), (a, _), (w, _) in
                           zip(local[k:], piece.region[k:], want[k:]))
             run_shape = (1,) * k + tuple(hi - lo for lo, hi in local[k:])
-            runs.append(Run(piece.file, piece.offset + first * itemsize, run_elems * itemsize, dest, run_shape))
+            runs.append(Run(piece.file, piece.offset + first * itemsize, run_elems * itemsize, dest, run_shape,
+                            piece.root, piece.file_bytes))
     if covered != math.prod(b - a for a, b in want):
         raise CheckpointError(f"the stored pieces cover {covered} of the {math.prod(b - a for a, b in want)} "
                               f"elements of region {[list(r) for r in want]}")
@@ -109,12 +122,12 @@ def read_region(runs: Sequence[Run], want: Region, dtype: np.dtype,
     fits = (into is not None and into.shape == shape and into.dtype == dtype and into.flags.writeable)
     out = into if fits else np.empty(shape, dtype)
     nbytes = 0
-    fds: dict[Path, int] = {}
+    opened: dict[Path, OpenedFile] = {}
     try:
         for run in runs:
-            fd = fds.get(run.file)
-            if fd is None:
-                fd = fds[run.file] = os.open(run.file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            if run.file not in opened:
+                opened[run.file] = open_piece_file(run.file, run.root, run.file_bytes)
+            fd = opened[run.file].fd
             target = out[run.dest] if run.dest else None
             if target is not None and target.flags.c_contiguous and target.nbytes == run.nbytes:
                 got = os.preadv(fd, [target.reshape(-1).view(np.uint8)], run.offset)
@@ -124,10 +137,25 @@ def read_region(runs: Sequence[Run], want: Region, dtype: np.dtype,
                 if got == run.nbytes:
                     out[run.dest] = np.frombuffer(data, dtype).reshape(run.shape)
             if got != run.nbytes:
-                raise CheckpointError(f"{run.file.name}: ended early (read {got} of {run.nbytes} bytes at "
-                                      f"{run.offset}): truncated")
+                raise CheckpointFileBad(f"{run.file.name}: ended early (read {got} of {run.nbytes} bytes at "
+                                        f"{run.offset}): truncated")
             nbytes += got
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        for file in opened.values():
+            file.close()
     return out, nbytes
+
+
+def open_piece_file(file: Path, root: Path | None, file_bytes: int | None) -> OpenedFile:
+    """``file`` opened under the one rule (no link below ``root``, default its directory; a regular file, never
+    waited on), of ``file_bytes`` when known. CheckpointFileBad says what it is instead; FileNotFoundError and
+    PermissionError pass, for the caller to say deleted or unreadable."""
+    root = file.parent if root is None else root
+    try:
+        if file_bytes is not None:
+            return sio.open_weights(file, file_bytes, root)
+        return open_beneath(root, file.relative_to(root), _NO_LIMIT)
+    except sio.WeightsFileMissing as exc:
+        raise FileNotFoundError(errno.ENOENT, "deleted", str(file)) from exc
+    except (sio.WeightsFileError, UnsafeFile) as exc:
+        raise CheckpointFileBad(str(exc)) from exc

@@ -165,10 +165,12 @@ class Evaluator:
         """This tensor-parallel rank's slice of every parameter, only their bytes (evald.pipeline.swap.tp_load)."""
         degree, rank = self.tensor_parallel
         self.weights.valid = False   # read into the live parameters: a failed read leaves a mix
-        read = read_rank(path, kind, self.weights.specs, degree, rank, into=self.weights.destinations())
+        read = read_rank(path, kind, self.weights.specs, degree, rank, into=self.weights.destinations(),
+                         share=(rank, degree))   # the group verifies every file once: this rank its share
         self.weights.assign(read.arrays)   # nothing to copy for what was read in place
         self.weights.valid = True
-        log.info("rank %d of %d: read %d bytes of %s, its slices only", rank, degree, read.bytes_read, path.name)
+        log.info("rank %d of %d: read %d bytes of %s, its slices only; verified %d bytes (%d files, its share)",
+                 rank, degree, read.bytes_read, path.name, read.bytes_verified, len(read.files_verified))
         return read.arrays
 
     def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never, step: int | None = None
@@ -191,9 +193,12 @@ class Evaluator:
         validation was done earlier); its provenance. CheckpointError if it is bad."""
         return self.swap_in(path, kind, step)[0]
 
-    def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> PartResult:
-        """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows."""
+    def evaluate_part(self, path: Path, kind: str, should_abort: ShouldAbort = never,
+                      after_swap: Callable[[], None] = lambda: None) -> PartResult:
+        """This rank's part as full-size arrays (``layout``), zeros in other ranks' rows. ``after_swap``: a
+        tensor-parallel group's agreement that every rank swapped in (evald.pipeline.group.evaluator)."""
         provenance, load_s, verify_s = self.swap_in(path, kind)  # every rank proves its own swap
+        after_swap()
         full = {name: np.zeros(shape, dtype) for name, (shape, dtype) in self.layout.items()}
         if self.part_batches:
             for name, values in self.task.outputs(self.cell, self.part_batches, should_abort).items():

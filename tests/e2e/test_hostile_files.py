@@ -85,9 +85,9 @@ def _build(tmp_path):
             os.mkfifo(weights)
         else:
             os.symlink("/dev/zero" if how == "zero" else outside / "secret", weights)
-    entry(layout.step_dir_name(7), "a symbolic link; a checkpoint holds only regular files")
+    entry(layout.step_dir_name(7), "is a symbolic link; links are not followed")
     entry(layout.step_dir_name(8), "not a regular file")
-    entry(layout.step_dir_name(14), "a symbolic link; a checkpoint holds only regular files")
+    entry(layout.step_dir_name(14), "is a symbolic link; links are not followed")
     faults.commit(ckpt, 9)
     (_step(ckpt, 9) / layout.MANIFEST_FILE).unlink()
     os.mkfifo(_step(ckpt, 9) / layout.MANIFEST_FILE)

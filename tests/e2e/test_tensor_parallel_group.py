@@ -1,5 +1,7 @@
 """`evald --device 0,1,2,3 --tensor-parallel 4`: one evaluation on ranks that each hold 1/4 of every
 tensor-parallel weight of the LLaMA-style example (examples/llama_tp), as a real msrun group on CPU.
+A second snapshot with one byte changed is refused by every degree with one device's reason (each file's
+digest is verified by one rank of the group).
 
 The snapshot is evald's partitioned layout written at TP=4 (each part the slices a TP=4 training rank
 holds, with their layouts, as EvaldHook(tensor_layouts=...) writes them) of the example's weights.
@@ -24,7 +26,7 @@ import numpy as np
 import pytest
 
 from evald.contracts import layout
-from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout
+from evald.contracts.partition import PartInfo, SliceSpec, TensorLayout, part_dir_name
 from evald.files.slices import tp_region
 from examples.tiny_lm.benchmarks import write_benchmarks
 from tests import faults
@@ -172,12 +174,16 @@ def _completion(url: str, run: str, step: int) -> dict:
 
 
 def evaluate_at_degrees(tmp_path: Path, procs: list, ckpt: Path, steps: list[int], weights: dict[str, np.ndarray],
-                        factories: tuple[str, ...] = FACTORIES, degrees: tuple[int, ...] = (1, 2, 4)) -> None:
+                        factories: tuple[str, ...] = FACTORIES, degrees: tuple[int, ...] = (1, 2, 4),
+                        refused: dict[int, str] | None = None) -> None:
     """Evaluate every step of ``ckpt`` with 1, 2 and 4 tensor-parallel ranks, each run with a suite
     (multiple choice and rolling bits per byte) and serving; ``weights``: the assembled weights of the last
     step, which is served. Checks: eval/loss, every per-sample log-likelihood and greedy flag, and the
     served completion equal across the degrees (rel 1e-6); the last step's loss, its multiple-choice
-    log-likelihoods and the completion equal to one device's network in this process (rel 1e-5)."""
+    log-likelihoods and the completion equal to one device's network in this process (rel 1e-5).
+    ``refused``: steps (not in ``steps``) every degree must record as failed, with the same reason, one
+    containing the words given."""
+    refused = refused or {}
     include = write_benchmarks(tmp_path / "bench", next_line_count=12, bpb_docs_per_set=2)
     config = tmp_path / "evald.toml"
     config.write_text(f'[suites.mc]\ntasks = ["stdlib_next_line", "bpb_email"]\ninclude_path = ["{include}"]\n'
@@ -186,7 +192,7 @@ def evaluate_at_degrees(tmp_path: Path, procs: list, ckpt: Path, steps: list[int
               "--serve", '{"listen": "127.0.0.1:0", "max_length": 64}', "--subset-size", "32", "--batch-size", "8",
               "--generation", '{"prompts": 0}', "--config", str(config), *factories]
     last = steps[-1]
-    losses, responses, served = {}, {}, {}
+    losses, responses, served, reasons = {}, {}, {}, {}
     for degree in degrees:
         devices = ",".join(str(d) for d in range(degree))
         args = ["--device", devices, "--logdir", str(tmp_path / f"tp{degree}"), *common]
@@ -198,12 +204,20 @@ def evaluate_at_degrees(tmp_path: Path, procs: list, ckpt: Path, steps: list[int
         run = run_dir(ckpt, tmp_path / f"tp{degree}")
         wait_for(lambda: len(list((run / "samples").rglob("*.jsonl.gz"))) == 2 * len(steps)
                  or evald.popen.poll() is not None, GROUP_TIMEOUT_S, "the suite's cells", interval=0.5)
+        wait_for(lambda: {r["step"] for r in faults.ledger_rows(ckpt, tmp_path / f"tp{degree}")
+                          if r["state"] in ("evaluated", "failed")} >= set(refused) or evald.popen.poll() is not None,
+                 GROUP_TIMEOUT_S, "the refused steps", interval=0.5)
         assert evald.popen.poll() is None, evald.output()[-4000:]
         served[degree] = _completion(json.loads((run / "serve.json").read_text())["url"], run.name, last)
         evald.signal(signal.SIGTERM)
         assert evald.wait(GROUP_TIMEOUT_S) == 0, evald.output()[-4000:]
         rows = faults.ledger_rows(ckpt, tmp_path / f"tp{degree}")
-        assert [(r["step"], r["state"]) for r in rows] == [(s, "evaluated") for s in steps], rows
+        assert [(r["step"], r["state"]) for r in rows] == sorted([(s, "evaluated") for s in steps]
+                                                                 + [(s, "failed") for s in refused]), rows
+        for row in rows:
+            if row["step"] in refused:   # one device's reason, whichever rank of the group found the bad file
+                assert refused[row["step"]] in row["reason"] and row["attempts"] == 1, row
+                reasons.setdefault(row["step"], set()).add(row["reason"])
         losses[degree] = {s: v for s, _, v in scalar_points(run, "eval/loss")}
         responses[degree] = _responses(run)
         if degree > 1:
@@ -211,6 +225,7 @@ def evaluate_at_degrees(tmp_path: Path, procs: list, ckpt: Path, steps: list[int
             worker = (tmp_path / f"ms{degree}" / "worker_1.log").read_text(errors="replace")
             assert f"rank 1 of {degree}: read" in worker   # its slices only (counted in its log line)
     one = degrees[0]
+    assert all(len(texts) == 1 for texts in reasons.values()), reasons   # the same reason at every degree
     assert sorted(losses[one]) == steps
     for degree in degrees[1:]:
         assert losses[degree].keys() == losses[one].keys() and all(
@@ -251,8 +266,18 @@ def evaluate_at_degrees(tmp_path: Path, procs: list, ckpt: Path, steps: list[int
 
 
 def test_one_two_and_four_tensor_parallel_ranks_give_the_loss_and_the_suite_of_one_device(tmp_path, procs):
+    """... and refuse, as one device does, a snapshot with one byte changed (step 5: in the last part's data,
+    which at TP 2 and 4 only one rank verifies and at TP 4 another rank reads slices of)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     weights = _whole_weights()
     _write_tp_parts(ckpt, 10, weights, 4)
-    evaluate_at_degrees(tmp_path, procs, ckpt, [10], weights)
+    _write_tp_parts(ckpt, 5, weights, 4)
+    changed = ckpt / part_dir_name(5, 3, 4) / layout.WEIGHTS_FILE
+    with open(changed, "r+b") as f:
+        f.seek(-5, 2)
+        last = f.read(1)[0]
+        f.seek(-5, 2)
+        f.write(bytes([last ^ 0x04]))
+    evaluate_at_degrees(tmp_path, procs, ckpt, [10], weights,
+                        refused={5: f"{changed}: xxh3-128"})

@@ -23,9 +23,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from evald.contracts.wire import FactorySpec
-from evald.files.recognise import CheckpointDeleted, CheckpointError
-from evald.pipeline.group.protocol import (BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, GENERATE, OK, OP_NAMES,
-                                          SCORE, SWAP, WARM, Group)
+from evald.files.errors import CheckpointDeleted, CheckpointError, CheckpointFileBad
+from evald.pipeline.group.protocol import (BAD_FILE, BUILD, DELETED, ERROR, EVALUATE, EXIT, FAILED, GENERATE, OK,
+                                          OP_NAMES, SCORE, SWAP, WARM, Group)
 from evald.pipeline.group.scoring import generate_share, score_share, warm_share
 from evald.pipeline.network import EvalResult, Evaluator, PartResult
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort, never
@@ -67,24 +67,86 @@ def build_local(spec: Mapping[str, Any], part: tuple[int, int]) -> Evaluator:
                      tensor_parallel=tensor_parallel)
 
 
+def status_of(exc: Exception) -> int:
+    """The code a rank answers for what it raised (evald.pipeline.group.protocol)."""
+    if isinstance(exc, CheckpointDeleted):
+        return DELETED
+    if isinstance(exc, CheckpointFileBad):
+        return BAD_FILE
+    return FAILED if isinstance(exc, CheckpointError) else ERROR
+
+
+def verdict(statuses: list[tuple[int, str]], own: Exception | None, what: str) -> None:
+    """Raise what the group's answers say about the checkpoint, or return when every rank succeeded.
+
+    A file found bad by any rank fails the checkpoint with that rank's reason, which is one device's reason
+    for the same file (on a shared filesystem it is a fact about the file, and in a tensor-parallel group
+    each file is verified by one rank only). Otherwise rank 0's own error, as on one device. A failure on
+    another rank only says nothing certain about the checkpoint: an unexpected error, retried."""
+    bad = [(rank, text) for rank, (code, text) in enumerate(statuses) if code == BAD_FILE]
+    if bad:
+        rank, text = bad[0]
+        if isinstance(own, CheckpointFileBad) and rank == 0:
+            raise own
+        log.error("eval rank %d found a bad file in %s: %s", rank, what, text)
+        raise CheckpointFileBad(text)
+    if own is not None:
+        raise own
+    others = [f"rank {rank}: {text}" for rank, (code, text) in enumerate(statuses) if code != OK]
+    if others:
+        raise RuntimeError(f"the other eval ranks could not {what} ({'; '.join(others)})")
+
+
+class _AnotherRankFailed(Exception):
+    """This rank swapped the checkpoint in, another did not: nothing is evaluated (a tensor-parallel
+    model's own collectives need every rank), and the agreement's answers are the evaluation's."""
+
+    def __init__(self, statuses: list[tuple[int, str]]) -> None:
+        super().__init__("another eval rank could not load the checkpoint")
+        self.statuses = statuses
+
+
 def evaluate_part(evaluator: Evaluator | None, group: Group, path: str, kind: str, should_abort: ShouldAbort
                   ) -> tuple[list[tuple[int, str]], dict, PartResult | None, Exception | None]:
-    """Evaluate this rank's part and exchange answers: (statuses, whole arrays, own part, own error)."""
+    """Evaluate this rank's part and exchange answers: (statuses, whole arrays, own part, own error).
+
+    In a tensor-parallel group the ranks first agree that every one of them swapped the checkpoint in
+    (one answer, statuses only), because the model's forward runs collectives of its own that every rank
+    must join: a rank whose load failed (a bad file only it verified) would otherwise wait in the answer
+    while the others wait in the model. If any rank failed, that agreement is the evaluation's answer and
+    no rank runs the model; otherwise the evaluation's answer follows as usual."""
     code, text, part, error = OK, "", None, None
+    tensor_parallel = evaluator is not None and evaluator.tensor_parallel[0] > 1
+    agreed = False
+
+    def agree() -> None:
+        nonlocal agreed
+        agreed = True
+        statuses, _ = group.answer(OK)
+        if any(c != OK for c, _ in statuses):
+            raise _AnotherRankFailed(statuses)
+        group.awaiting_answer = True   # the evaluation's own answer is still owed
+
     try:
         if evaluator is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
-        part = evaluator.evaluate_part(Path(path), kind, should_abort)
-        if evaluator.tensor_parallel[0] > 1 and group.rank != 0:  # every rank computed the same values:
+        part = evaluator.evaluate_part(Path(path), kind, should_abort,
+                                       after_swap=agree if tensor_parallel else lambda: None)
+        if tensor_parallel and group.rank != 0:  # every rank computed the same values:
             part = dataclasses.replace(part, arrays={k: np.zeros_like(v) for k, v in part.arrays.items()})
             # rank 0's alone go into the SUM
     except EvaluationInterrupted:
         raise  # a forced shutdown: no answer; msrun ends the other ranks
+    except _AnotherRankFailed as exc:
+        return exc.statuses, {}, None, None
     except Exception as exc:  # noqa: BLE001 - every rank must answer, whatever happened to it
-        code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
+        code = status_of(exc)
         text, error = str(exc) if code != ERROR else repr(exc), exc
         if code == ERROR:
             log.exception("rank %d: evaluating %s raised unexpectedly", group.rank, path)
+        if tensor_parallel and not agreed:   # this rank's swap failed: the others wait to agree on it
+            statuses, _ = group.answer(code, text)
+            return statuses, {}, None, error
     layout = evaluator.layout if evaluator is not None else {}
     statuses, combined = group.answer(code, text, part.arrays if part is not None else None, layout)
     return statuses, combined, part, error
@@ -126,24 +188,17 @@ class GroupEvaluator:
         """Every rank loads and proves ``path``; rank 0's provenance. CheckpointError as on one device."""
         self.group.command(SWAP, {"path": str(path), "kind": kind})
         statuses, error, provenance = swap_share(self.local, self.group, str(path), kind)
-        if error is not None:
-            raise error
-        others = [f"rank {rank}: {text}" for rank, (code, text) in enumerate(statuses) if code != OK]
-        if others:
-            raise RuntimeError(f"the other eval ranks could not load {path.name} ({'; '.join(others)})")
+        verdict(statuses, error, f"load {path.name}")
         return provenance
 
     def evaluate(self, path: Path, kind: str, should_abort: ShouldAbort = never) -> EvalResult:
-        """Every rank evaluates its part of ``path``; a bad checkpoint on rank 0 fails as on one device,
-        a failure only on another rank is unexpected (it says nothing certain about the file): retried."""
+        """Every rank evaluates its part of ``path``; a bad checkpoint on rank 0, or a bad file on any rank,
+        fails as on one device; any other failure only on another rank is unexpected (it says nothing
+        certain about the file): retried (``verdict``)."""
         started = time.time()
         self.group.command(EVALUATE, {"path": str(path), "kind": kind})
         statuses, arrays, part, error = evaluate_part(self.local, self.group, str(path), kind, should_abort)
-        if error is not None:
-            raise error
-        others = [f"rank {rank}: {text}" for rank, (code, text) in enumerate(statuses) if code != OK]
-        if others:
-            raise RuntimeError(f"the other eval ranks could not evaluate {path.name} ({'; '.join(others)})")
+        verdict(statuses, error, f"evaluate {path.name}")
         metrics, texts = self.local.metrics_of(arrays)  # type: ignore[union-attr]
         if part is None:  # cannot happen: no error means rank 0 evaluated its part
             raise RuntimeError(f"rank 0 returned no part of {path.name} and no error")
@@ -159,9 +214,8 @@ def swap_share(evaluator: Evaluator | None, group: Group, path: str, kind: str
         if evaluator is None:
             raise RuntimeError("this rank has no evaluation network (its build failed)")
         provenance = evaluator.load_only(Path(path), kind)
-    except Exception as exc:
-        code = DELETED if isinstance(exc, CheckpointDeleted) else FAILED if isinstance(exc, CheckpointError) else ERROR
-        text, error = str(exc), exc
+    except Exception as exc:  # noqa: BLE001 - every rank must answer, whatever happened to it
+        code, text, error = status_of(exc), str(exc), exc
     statuses, _ = group.answer(code, text)
     return statuses, error, provenance
 

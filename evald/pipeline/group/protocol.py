@@ -45,6 +45,7 @@ OP_NAMES = {NOOP: "noop", BUILD: "build", EVALUATE: "evaluate", EXIT: "exit", SW
             GENERATE: "generate", WARM: "warm"}
 ANSWERED = (BUILD, EVALUATE, SWAP, SCORE, GENERATE, WARM)   # commands every rank answers
 OK, FAILED, DELETED, ERROR = 0, 1, 2, 3   # a rank's answer: evaluated, bad checkpoint, gone, unexpected
+BAD_FILE = 4   # a file of the checkpoint is bad (digest, size, not a regular file): failed whichever rank found it
 HEARTBEAT_S = 5.0
 STATUS_BYTES = 2048                       # room for one rank's error text in an answer
 TAG_BYTES = 32                            # HMAC-SHA256

@@ -6,7 +6,9 @@ against ``load_param_into_net``, across swaps A, B, A). So evald reads each
 checkpoint file straight into those views: one read, no Tensor built, no
 second copy. Where that does not hold (a device other than CPU, a parameter
 whose view is not its own contiguous memory, or a checkpoint dtype that must
-be converted) the weights go in with ``Parameter.set_data`` instead.
+be converted) the weights go in with ``Parameter.set_data`` instead. Which dtypes
+convert is evald.pipeline.swap.dtypes' one rule (float to float, signed integer to
+signed integer, every value kept; nothing else).
 
 Names are the network's relative names, from ``network.parameters_and_names()``,
 which are the names the trainer hook writes; a prefix common to every name on one
@@ -23,13 +25,15 @@ import numpy as np
 
 from evald.contracts import layout
 from evald.contracts.manifest import numpy_dtype_of
-from evald.pipeline.swap import name_fit
+from evald.files.errors import CheckpointError, CheckpointFileBad
+from evald.pipeline.swap import dtypes, name_fit
 
 log = logging.getLogger("evald.pipeline.swap.hot_swap")
 
 
-class NetworkMismatch(ValueError):
-    """The checkpoint's parameters do not fit the network (names or shapes)."""
+class NetworkMismatch(CheckpointError, ValueError):
+    """The checkpoint's parameters do not fit the network (names, shapes, or dtypes of another kind): the
+    checkpoint's failure, recorded with this reason whichever loader found it."""
 
 
 class NetworkWeights:
@@ -77,6 +81,15 @@ class NetworkWeights:
         a reference to the array: do not modify it afterwards.
         """
         self.check_fit({n: (tuple(a.shape), a.dtype) for n, a in arrays.items()}, complete=False)
+        converted = {n: (a.dtype, self.specs[n][1]) for n, a in arrays.items()
+                     if self.specs[n][1] is not None and a.dtype != self.specs[n][1]}
+        problems = [p for n in converted if (p := dtypes.value_problem(n, arrays[n], self.specs[n][1]))]
+        if problems:
+            raise CheckpointFileBad(f"the checkpoint's values do not fit the network's dtypes: {'; '.join(problems[:8])}"
+                                    f"{' …' if len(problems) > 8 else ''} ({len(problems)}); save it in the "
+                                    f"network's dtypes or build the network in the checkpoint's")
+        if converted:
+            log.info("%s (evald.pipeline.swap.dtypes)", dtypes.describe(dtypes.conversions(converted)))
         views = self.destinations() or {}
         for name, array in arrays.items():
             view = views.get(name)
@@ -109,7 +122,8 @@ class NetworkWeights:
         return {to_net[n]: ("in place" if n in wanted else "set_data") for n in arrays if to_net[n] in self._params}
 
     def check_fit(self, specs: Mapping[str, tuple], *, complete: bool, strict: bool = True) -> None:
-        """NetworkMismatch naming every missing, unexpected or mis-shaped parameter."""
+        """NetworkMismatch naming every missing, unexpected or mis-shaped parameter, and every one whose
+        dtype is of another kind than the network's (evald.pipeline.swap.dtypes)."""
         missing = sorted(set(self.specs) - set(specs)) if complete else []
         unexpected = sorted(set(specs) - set(self.specs)) if strict or not complete else []
         shapes = [f"{n}: checkpoint {tuple(s[0])} vs network {self.specs[n][0]}"
@@ -117,9 +131,12 @@ class NetworkWeights:
         problems = [f"{what} {_few(names)}" for what, names in
                     (("missing parameters", missing), ("unexpected parameters", unexpected),
                      ("shape mismatch", shapes)) if names]
+        hint = f" ({name_fit.explain(specs, self.specs)})" if problems else ""
+        kinds = dtypes.refusal({n: (s[1], self.specs[n][1]) for n, s in specs.items() if n in self.specs})
+        if kinds:
+            problems.append(kinds)
         if problems:
-            raise NetworkMismatch("checkpoint does not fit the evaluation network: " + "; ".join(problems)
-                                  + f" ({name_fit.explain(specs, self.specs)})")
+            raise NetworkMismatch("checkpoint does not fit the evaluation network: " + "; ".join(problems) + hint)
 
 
 def _numpy_dtype(param) -> np.dtype | None:

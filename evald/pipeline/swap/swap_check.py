@@ -20,8 +20,13 @@ live memory of the regions of the parameters that part holds.
 
 A foreign file (MindSpore's own checkpoints) has no manifest: its weights as MindSpore loaded
 them are compared with the live memory (sampled: the same windows; full: every element).
-A parameter converted to the network's dtype is compared after the same conversion. A mismatch
-raises SwapMismatch, which evald treats as its own unexpected error (the step is retried, never
+A parameter converted to the network's dtype is compared after the same conversion. The checkpoint's
+names are fitted to the network's as the load fitted them (evald.pipeline.swap.name_fit: a wrapper
+Cell's ``net.``), and every loaded parameter must be compared (or have no host view: listed, and a
+check that compared none says "not verified"); a check that cannot find one in the network is a
+SwapMismatch, never "verified". The files are opened as their load opened them
+(evald.contracts.safetensors_io.open_weights): a file replaced by a FIFO or a link after the load is a
+CheckpointFileBad at once, never waited on. A mismatch raises SwapMismatch, which evald treats as its own unexpected error (the step is retried, never
 blamed on the checkpoint) and the network is marked invalid until a later swap succeeds.
 """
 
@@ -29,17 +34,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from evald.contracts import layout
 from evald.contracts import safetensors_io as sio
+from evald.contracts.manifest import numpy_dtype_of
+from evald.files.errors import CheckpointDeleted, CheckpointFileBad
+from evald.pipeline.swap import dtypes, name_fit
 
 MODES = ("off", "sampled", "full")
 WINDOWS, WINDOW = 4, 8
@@ -57,39 +64,80 @@ class SwapCheck:
     hashed_bytes: int = 0        # bytes of live memory re-hashed (full)
     unchecked: list[str] = field(default_factory=list)  # parameters with no host view of their memory
     seconds: float = 0.0
+    conversions: dict[str, int] = field(default_factory=dict)  # {"bfloat16→float32": count} (evald.pipeline.swap.dtypes)
 
     def describe(self) -> str:
+        converted = f"; {dtypes.describe(self.conversions)}" if self.conversions else ""
         if self.mode == "off":
-            return "not checked (--tuning verify_swap off)"
+            return f"not checked (--tuning verify_swap off){converted}"
+        if not self.parameters:
+            return (f"not verified ({self.mode}): none of the {len(self.unchecked)} parameters has a host view to "
+                    f"compare, {self.seconds * 1e3:.1f} ms{converted}")
         what = (f"{self.hashed_bytes} bytes re-hashed against the manifest" if self.hashed_bytes
                 else f"{self.elements} sampled elements compared with the checkpoint")
         rest = f"; {len(self.unchecked)} without a host view not checked" if self.unchecked else ""
-        return f"verified ({self.mode}): {self.parameters} parameters, {what}{rest}, {self.seconds * 1e3:.1f} ms"
+        return (f"verified ({self.mode}): {self.parameters} parameters, {what}{rest}, {self.seconds * 1e3:.1f} ms"
+                f"{converted}")
 
 
 def check(params: Mapping[str, object], *, mode: str, step: int, step_dir: Path | None = None,
           manifest: layout.Manifest | None = None, loaded: Mapping[str, np.ndarray] | None = None) -> SwapCheck:
     """Compare the live memory of ``params`` (name -> mindspore Parameter) with the checkpoint:
-    ``step_dir`` + ``manifest`` for the evald layout, ``loaded`` (MindSpore's load) for a foreign file."""
+    ``step_dir`` + ``manifest`` for the evald layout, ``loaded`` (MindSpore's load) for a foreign file.
+    The checkpoint's names are fitted to the network's as the load fitted them (evald.pipeline.swap.name_fit:
+    a wrapper's ``net.``); a loaded parameter the check cannot find in the network is a SwapMismatch."""
     started = time.perf_counter()
-    result = SwapCheck(mode)
+    stored = ({p.name: p.dtype for p in manifest.params} if manifest is not None
+              else {n: np.asarray(a).dtype for n, a in (loaded or {}).items()})
+    result = SwapCheck(mode, conversions=_conversions(params, stored))
     if mode == "off":
         return result
-    live = {}
-    for name in (p.name for p in manifest.params) if manifest is not None else (loaded or {}):
-        view = _host_view(params.get(name))
-        if view is None:
-            result.unchecked.append(name)
-        else:
-            live[name] = view
+    names = list(stored)
+    live, shown = _live(params, names, result)
     if manifest is not None and mode == "full":
-        _full_against_manifest(live, step_dir, manifest, result)
+        _full_against_manifest(live, shown, step_dir, manifest, result)
     elif manifest is not None:
-        _sampled_against_files(live, step_dir, manifest, step, result)
+        _sampled_against_files(live, shown, step_dir, manifest, step, result)
     else:
-        _against_loaded(live, loaded or {}, mode, step, result)
+        _against_loaded(live, shown, loaded or {}, mode, step, result)
+    _all_compared(result, len(names), step_dir.name if manifest is not None and step_dir else "the checkpoint")
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _live(params: Mapping[str, object], names: Sequence[str], result: SwapCheck
+          ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Each checkpoint name's live memory (a host view of the network parameter the load put it in), and the
+    network's name for it; a name with no parameter in the network is a SwapMismatch (the load put it
+    somewhere the check cannot see); one without a host view is listed in ``result.unchecked``."""
+    to_net = name_fit.to_network_names(names, params)
+    lost = [n for n in names if to_net[n] not in params]
+    if lost:
+        raise SwapMismatch(f"after the swap, the check finds no network parameter for {len(lost)} loaded "
+                           f"parameter(s) ({', '.join(lost[:8])}{', …' if len(lost) > 8 else ''}): the names it "
+                           f"compares are not the ones the load wrote, so it cannot prove the swap")
+    live = {}
+    for name in names:
+        view = _host_view(params[to_net[name]])
+        if view is None:
+            result.unchecked.append(to_net[name])
+        else:
+            live[name] = view
+    return live, to_net
+
+
+def _conversions(params: Mapping[str, object], stored: Mapping[str, Any]) -> dict[str, int]:
+    """Which checkpoint dtypes the load converted into which network dtypes, and how many parameters."""
+    to_net = name_fit.to_network_names(stored, params)
+    return dtypes.conversions({n: (dtype, numpy_dtype_of(getattr(params[to_net[n]], "dtype", None)))
+                               for n, dtype in stored.items() if to_net[n] in params})
+
+
+def _all_compared(result: SwapCheck, expected: int, where: str) -> None:
+    """Every parameter loaded was compared or has no host view to compare; anything else is not a proof."""
+    if result.parameters + len(result.unchecked) != expected:
+        raise SwapMismatch(f"the swap check of {where} compared {result.parameters} of {expected} parameters "
+                           f"({len(result.unchecked)} without a host view): the swap is not proven")
 
 
 @dataclass(frozen=True)
@@ -102,22 +150,25 @@ class PartsRead:
 def check_parts(params: Mapping[str, object], *, mode: str, step: int, parts: PartsRead) -> SwapCheck:
     """``check`` for a partitioned step: each part against the live regions of the parameters it holds."""
     started = time.perf_counter()
-    result = SwapCheck(mode)
+    stored = {p.name: p.dtype for _, m in parts.members for p in m.params}
+    result = SwapCheck(mode, conversions=_conversions(params, stored))
     if mode == "off":
         return result
+    expected = 0
     for step_dir, manifest in parts.members:
+        names = [p.name for p in manifest.params]
+        expected += len(names)
+        views, shown = _live(params, names, result)
         live = {}
         for p in manifest.params:
-            view = _host_view(params.get(p.name))
-            if view is None:
-                result.unchecked.append(p.name)
-            else:
+            if p.name in views:
                 region = p.sliced.region if p.sliced is not None else ()
-                live[p.name] = view[tuple(slice(a, b) for a, b in region)]
+                live[p.name] = views[p.name][tuple(slice(a, b) for a, b in region)]
         if mode == "full":
-            _full_against_manifest(live, step_dir, manifest, result)
+            _full_against_manifest(live, shown, step_dir, manifest, result)
         else:
-            _sampled_against_files(live, step_dir, manifest, step, result)
+            _sampled_against_files(live, shown, step_dir, manifest, step, result)
+    _all_compared(result, expected, f"the {len(parts.members)} parts")
     result.seconds = time.perf_counter() - started
     return result
 
@@ -138,74 +189,78 @@ def _host_view(param) -> np.ndarray | None:
     return view if isinstance(view, np.ndarray) else None
 
 
-def _sampled_against_files(live, step_dir, manifest, step, result) -> None:
-    by_file: dict[str, list] = {}
-    for p in manifest.params:
-        by_file.setdefault(p.file, []).append(p)
-    segments = {}
-    for name, params in by_file.items():
-        if any(p.offset is None for p in params):  # layout version 1: offsets from the header
-            segments.update({seg.name: seg.offset for seg in _header_segments(step_dir / name)})
-        fd = os.open(step_dir / name, os.O_RDONLY)
-        try:
+def _open(step_dir: Path, spec: layout.FileSpec):
+    """A weights file of the checkpoint, opened as its load opened it (no link, FIFO or device; its size)."""
+    try:
+        return sio.open_weights(step_dir / spec.name, spec.bytes, step_dir.parent)
+    except sio.WeightsFileMissing as exc:
+        raise CheckpointDeleted(f"{step_dir.name}/{spec.name}: deleted before the swap check read it") from exc
+    except sio.WeightsFileError as exc:
+        raise CheckpointFileBad(f"{exc} (after the swap, for its check)") from exc
+
+
+def _sampled_against_files(live, shown, step_dir, manifest, step, result) -> None:
+    for spec in manifest.files:
+        params = [p for p in manifest.params if p.file == spec.name]
+        if not any(p.name in live for p in params):
+            continue
+        with _open(step_dir, spec) as opened:
+            offsets = {p.name: p.offset for p in params}
+            if None in offsets.values():  # layout version 1: offsets from the header
+                offsets = {seg.name: seg.offset for seg in _header_segments(opened)}
             for p in params:
                 if p.name not in live:
                     continue
-                offset = p.offset if p.offset is not None else segments[p.name]
-                dtype = sio.numpy_dtype(p.dtype)
+                offset, dtype = offsets[p.name], sio.numpy_dtype(p.dtype)
                 flat = live[p.name].reshape(-1)
                 for start in _windows(flat.size, step, p.name):
                     count = min(WINDOW, flat.size - start)
-                    raw = os.pread(fd, count * dtype.itemsize, offset + start * dtype.itemsize)
+                    raw = opened.pread(count * dtype.itemsize, offset + start * dtype.itemsize)
                     expected = np.frombuffer(raw, dtype=dtype.newbyteorder("<"))
-                    _compare(p.name, flat[start:start + count], expected, start, f"{name} at byte {offset}")
+                    _compare(shown[p.name], flat[start:start + count], expected, start,
+                             f"{spec.name} at byte {offset}")
                     result.elements += count
                 result.parameters += 1
-        finally:
-            os.close(fd)
 
 
-def _full_against_manifest(live, step_dir, manifest, result) -> None:
+def _full_against_manifest(live, shown, step_dir, manifest, result) -> None:
     for spec in manifest.files:
-        path = step_dir / spec.name
-        offsets = {p.name: p.offset for p in manifest.params if p.file == spec.name}
-        if None in offsets.values():  # layout version 1: the header has the offsets
-            offsets = {s.name: s.offset for s in _header_segments(path)}
-        params = sorted((p for p in manifest.params if p.file == spec.name), key=lambda p: offsets[p.name])
-        hasher = sio.HASHES[manifest.hash_algorithm]()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            hasher.update(os.pread(fd, min(offsets.values(), default=spec.bytes), 0))  # length prefix + header
+        with _open(step_dir, spec) as opened:
+            offsets = {p.name: p.offset for p in manifest.params if p.file == spec.name}
+            if None in offsets.values():  # layout version 1: the header has the offsets
+                offsets = {s.name: s.offset for s in _header_segments(opened)}
+            params = sorted((p for p in manifest.params if p.file == spec.name), key=lambda p: offsets[p.name])
+            hasher = sio.HASHES[manifest.hash_algorithm]()
+            hasher.update(opened.pread(min(offsets.values(), default=spec.bytes), 0))  # length prefix + header
             for p in params:
                 view, dtype = live.get(p.name), sio.numpy_dtype(p.dtype)
                 if view is not None and view.dtype == dtype:
                     hasher.update(memoryview(np.ascontiguousarray(view)).cast("B"))
                     result.hashed_bytes += view.nbytes
                 else:  # converted to the network's dtype, or no host view: hash the file's own bytes
-                    raw = os.pread(fd, int(np.prod(p.shape)) * dtype.itemsize, offsets[p.name])
+                    raw = opened.pread(int(np.prod(p.shape)) * dtype.itemsize, offsets[p.name])
                     if view is not None:
-                        _compare(p.name, view.reshape(-1), np.frombuffer(raw, dtype.newbyteorder("<")), 0, spec.name)
+                        _compare(shown[p.name], view.reshape(-1), np.frombuffer(raw, dtype.newbyteorder("<")), 0,
+                                 spec.name)
                         result.elements += view.size
                     hasher.update(raw)
                 result.parameters += view is not None
-        finally:
-            os.close(fd)
         if hasher.hexdigest() != spec.digest:
             raise SwapMismatch(f"after the swap, the live memory of the parameters in {step_dir.name}/{spec.name} does "
                                f"not hash to the manifest's {manifest.hash_algorithm} {spec.digest[:16]}…: the network "
                                f"does not hold the checkpoint's weights")
 
 
-def _against_loaded(live, loaded, mode, step, result) -> None:
+def _against_loaded(live, shown, loaded, mode, step, result) -> None:
     for name, view in live.items():
         source = np.asarray(loaded[name]).reshape(-1)
         flat = view.reshape(-1)
         if mode == "full":
-            _compare(name, flat, source, 0, "MindSpore's load of the file")
+            _compare(shown[name], flat, source, 0, "MindSpore's load of the file")
             result.elements += flat.size
         else:
             for start in _windows(flat.size, step, name):
-                _compare(name, flat[start:start + WINDOW], source[start:start + WINDOW], start,
+                _compare(shown[name], flat[start:start + WINDOW], source[start:start + WINDOW], start,
                          "MindSpore's load of the file")
                 result.elements += min(WINDOW, flat.size - start)
         result.parameters += 1
@@ -235,14 +290,17 @@ def _compare(name: str, live: np.ndarray, expected: np.ndarray, start: int, wher
                        f"the checkpoint's weights")
 
 
-def _header_segments(path: Path) -> list[sio.Segment]:
+def _header_segments(opened) -> list[sio.Segment]:
     """Segments of a version-1 weights file, from its safetensors header (no offsets in its manifest)."""
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        header = f.read(int.from_bytes(prefix, "little"))
-    entries = json.loads(header)
-    return [sio.Segment(n, "", (), 8 + len(header) + int(e["data_offsets"][0]))
-            for n, e in entries.items() if n != "__metadata__"]
+    length = int.from_bytes(opened.pread(8, 0), "little")
+    header = opened.pread(min(length, sio.MAX_HEADER_BYTES), 8)
+    try:
+        entries = json.loads(header)
+        return [sio.Segment(n, "", (), 8 + len(header) + int(e["data_offsets"][0]))
+                for n, e in entries.items() if n != "__metadata__"]
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise CheckpointFileBad(f"{opened.shown}: its safetensors header changed after the swap "
+                                f"({type(exc).__name__})") from exc
 
 
 def weights_digest(manifest: layout.Manifest | None, loaded: Mapping[str, np.ndarray] | None) -> tuple[str, str]:

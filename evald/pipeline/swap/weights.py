@@ -22,7 +22,7 @@ from evald.files.foreign import load_foreign
 from evald.files.parts import fit_problem
 from evald.files import checkpoint2
 from evald.files.recognise import CHECKPOINT2, FOREIGN_KINDS, FOREIGN_WEIGHTS, PARTS
-from evald.pipeline.swap import name_fit
+from evald.pipeline.swap import dtypes, name_fit
 from evald.pipeline.swap import training_state
 from evald.pipeline.swap.hot_swap import NetworkMismatch, NetworkWeights
 from evald.pipeline.swap.slice_merge import merge_slices
@@ -147,9 +147,12 @@ def match_names(weights: Mapping[str, np.ndarray], expected: Mapping[str, tuple]
                         + ("" if strict else f": {training_state.rule()}"))
     if mismatched:
         problems.append(f"shape mismatch {_few(mismatched)}")
+    hint = f" ({name_fit.explain(weights, expected)})" if problems else ""
+    kinds = dtypes.refusal({n: (getattr(a, "dtype", None), expected[n][1]) for n, a in matched.items()})
+    if kinds:   # evald.pipeline.swap.dtypes: the one rule of every loader
+        problems.append(kinds)
     if problems:
-        raise CheckpointError("checkpoint does not fit the evaluation network: " + "; ".join(problems)
-                              + f" ({name_fit.explain(weights, expected)})")
+        raise CheckpointError("checkpoint does not fit the evaluation network: " + "; ".join(problems) + hint)
     return matched
 
 
@@ -165,8 +168,7 @@ def load_checkpoint2(weights: NetworkWeights, iter_dir: Path) -> dict[str, np.nd
     file). Returns the arrays read, for the swap check."""
     try:
         params = checkpoint2.plan(iter_dir)
-        specs = {name: (p.shape, None) for name, p in params.items()}
-        match_names({n: _Shape(s) for n, (s, _) in specs.items()}, weights.specs, strict=True)  # before a byte
+        match_names({n: _Shape(p.shape, p.dtype) for n, p in params.items()}, weights.specs, strict=True)  # before a byte
         arrays = checkpoint2.read_whole(iter_dir, params)
     except FileNotFoundError as exc:
         raise CheckpointDeleted(f"{iter_dir.name}: deleted before it could be evaluated") from exc
@@ -178,10 +180,10 @@ def load_checkpoint2(weights: NetworkWeights, iter_dir: Path) -> dict[str, np.nd
 
 
 class _Shape:
-    """Stands for an array in a fit check made before any byte is read: a shape, no data."""
+    """Stands for an array in a fit check made before any byte is read: a shape and dtype, no data."""
 
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        self.shape = tuple(shape)
+    def __init__(self, shape: tuple[int, ...], dtype: str) -> None:
+        self.shape, self.dtype = tuple(shape), dtype
 
 
 def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead:
@@ -205,12 +207,14 @@ def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead
         raise CheckpointError(f"step {step}: {problem}")
     specs = {p.name: (p.sliced.global_shape if p.sliced else p.shape, np.dtype(p.dtype))
              for _, m in parts for p in m.params}
+    to_net = name_fit.to_network_names(specs, weights.specs)   # a wrapper's "net." as for a whole snapshot
     try:
-        weights.check_fit(specs, complete=True, strict=True)
+        weights.check_fit({to_net[n]: s for n, s in specs.items()}, complete=True, strict=True)
     except NetworkMismatch as exc:
         raise CheckpointError(f"the {count} parts of step {step} do not make up the evaluation network: "
                               f"{str(exc).split(': ', 1)[1]}") from exc
-    views = weights.destinations() or {}
+    live = weights.destinations() or {}
+    views = {n: live[to_net[n]] for n in specs if to_net[n] in live}   # by checkpoint name
     weights.valid = False
     rest: dict[str, np.ndarray] = {}
     sliced: dict[str, list] = {}
@@ -233,9 +237,9 @@ def load_parts(weights: NetworkWeights, ckpt_dir: Path, group: str) -> PartsRead
             if p.name in into:
                 continue
             if p.sliced is None:
-                rest[p.name] = arrays[p.name]
+                rest[to_net[p.name]] = arrays[p.name]
             else:
-                sliced.setdefault(p.name, []).append((p.sliced, arrays[p.name]))
+                sliced.setdefault(to_net[p.name], []).append((p.sliced, arrays[p.name]))
     if sliced:
         rest.update(merge_slices(sliced))
     weights.assign(rest)

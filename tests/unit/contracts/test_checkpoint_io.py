@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +40,13 @@ def sharded(tmp_path):
 
 
 class FileOpens:
-    """Every open() of a file under ``root`` while active, as (name, opened for reading?), via audit hooks."""
+    """Every open() of a file under ``root`` while active, as (name, opened for reading?), via audit hooks.
+    An ``os.open(name, dir_fd=fd)`` (evald.contracts.safe_open opens below a directory so) is seen with the
+    directory ``fd`` leads to, which the audit event itself does not carry."""
 
     hooked: list = []
     installed = False  # an audit hook cannot be removed: install one, for the whole session
+    base = threading.local()
 
     def __init__(self, root: Path) -> None:
         self.root, self.seen = str(root), []
@@ -54,17 +58,29 @@ class FileOpens:
     @staticmethod
     def _event(event, args):
         if event == "open" and FileOpens.hooked and isinstance(args[0], (str, os.PathLike)):
+            path = os.path.join(getattr(FileOpens.base, "dir", None) or os.getcwd(), os.fspath(args[0]))
             for watcher in FileOpens.hooked:
-                if str(args[0]).startswith(watcher.root):
+                if path.startswith(watcher.root):
                     flags = args[2] if isinstance(args[2], int) else 0
                     mode = args[1] or ""
                     reading = "r" in mode or "+" in mode if mode else (flags & os.O_ACCMODE) != os.O_WRONLY
-                    watcher.seen.append((Path(args[0]).name, reading))
+                    if not flags & os.O_DIRECTORY:
+                        watcher.seen.append((Path(path).name, reading))
 
     def __enter__(self):
+        self.real_open = os.open
+
+        def os_open(path, flags, mode=0o777, *, dir_fd=None):
+            FileOpens.base.dir = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else None
+            try:
+                return self.real_open(path, flags, mode, dir_fd=dir_fd)
+            finally:
+                FileOpens.base.dir = None
+        os.open = os_open
         return self
 
     def __exit__(self, *exc):
+        os.open = self.real_open
         FileOpens.hooked.remove(self)
 
 
