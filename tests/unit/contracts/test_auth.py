@@ -202,10 +202,10 @@ def test_keys_command_sorts_keys_per_host_and_explains_distribution(tmp_path, ca
     out = capsys.readouterr().out
     evald_host, trainer_host = tmp_path / "keys" / "evald-host", tmp_path / "keys" / "trainer-host"
     files = sorted(str(p.relative_to(tmp_path / "keys")) for p in (tmp_path / "keys").rglob("*") if p.is_file())
-    assert files == ["evald-host/allowed/trainer.key", "evald-host/evald.key_secret",
+    assert files == ["evald-host/allowed/trainer.key", "evald-host/evald.key_secret", "group.key",
                      "trainer-host/evald.key", "trainer-host/trainer.key_secret"]
     for printed in (evald_host / "evald.key_secret", evald_host / "allowed", trainer_host / "trainer.key_secret",
-                    trainer_host / "evald.key"):
+                    trainer_host / "evald.key", tmp_path / "keys" / "group.key"):
         assert str(printed) in out
     for name in ("--server-key", "--allowed-keys", "client_key=", "server_public_key=", "EVALD_SERVER_KEY",
                  "EVALD_ALLOWED_KEYS", "EVALD_CLIENT_KEY", "EVALD_SERVER_PUBLIC_KEY"):
