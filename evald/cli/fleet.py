@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +35,32 @@ class IndexError_(ValueError):
     """The worker's index or count is missing or out of range; the message says what to give."""
 
 
+_ASCII_COUNT = re.compile(r"[0-9]{1,9}")   # an engine writes ASCII digits; a billion workers is no fleet
+
+
+def ascii_count(text: str, what: str) -> int:
+    """``text`` as a non-negative integer written in ASCII digits, matched in full: int() would also take
+    Arabic-Indic or full-width digits, ``1_0``, a sign and white space around it."""
+    if _ASCII_COUNT.fullmatch(text) is None:
+        shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+        raise IndexError_(f"{what}={shown} is not a whole number in ASCII digits (0-9, at most 9 of them, "
+                          f"nothing else)")
+    return int(text)
+
+
+def option_count(text: str) -> int:
+    """argparse's type for --worker-index, --worker-count (and evald backfill's --every): ascii_count."""
+    try:
+        return ascii_count(text, "the value")
+    except IndexError_ as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _int(environ: Mapping[str, str], name: str) -> int | None:
     value = environ.get(name)
     if value is None or value == "":
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise IndexError_(f"{name}={value!r} is not an integer") from None
+    return ascii_count(value, name)
 
 
 def worker_index(index: int | None, count: int | None, environ: Mapping[str, str]) -> WorkerIndex:
@@ -76,9 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet.add_argument("--fleet-dir", default=os.environ.get("EVALD_FLEET_DIR") or None,
                        help="the directory the workers and the merge share (one per backfill; env EVALD_FLEET_DIR); a worker "
                             "builds its network and suites from --config, the TOML evald runs with")
-    fleet.add_argument("--worker-index", type=int, default=None, metavar="I",
+    fleet.add_argument("--worker-index", type=option_count, default=None, metavar="I",
                        help="this worker's index (default: from SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)")
-    fleet.add_argument("--worker-count", type=int, default=None, metavar="N",
+    fleet.add_argument("--worker-count", type=option_count, default=None, metavar="N",
                        help="how many workers (default: SLURM_ARRAY_TASK_COUNT, or env EVALD_WORKER_COUNT)")
     fleet.add_argument("--plan", action="store_true", help="only fix the fleet's plan (the missing cells) and exit")
     fleet.add_argument("--merge", action="store_true",
