@@ -164,7 +164,7 @@ def backfill(argv: Sequence[str]) -> int:
     Beside a running evald it only records the request (evald takes it up at its next turn, after any
     new checkpoint); with evald's options after --, and no evald serving the run, it evaluates them itself"""
     from evald.cli.status import gather, lock_holder
-    from evald.daemon.suite_turn import BACKFILL_KEY, plan_backfill
+    from evald.daemon.suite_turn import plan_backfill
     from evald.ledger.ledger import Ledger
     from evald.ledger.requeue import shown_steps
 
@@ -220,12 +220,12 @@ def backfill(argv: Sequence[str]) -> int:
                   f"--config or evald options given here); nothing recorded", file=sys.stderr)
             return 2
         plan = plan_backfill(ledger, Path(ckpt_dir), span, args.every)
-        requests = ledger.get_state(BACKFILL_KEY) or []
+        # the skipped steps' validation and the suite's request, in one transaction (a running evald takes
+        # requests in its own: neither overwrites the other's)
         if args.suite:
-            requests = requests + [{"suite": args.suite, "steps": list(plan.steps)}]
-        # the skipped steps' validation and the suite's request, at once
-        ledger.requeue_failures(plan.revalidate, [], [], "re-queued by evald backfill", counter=None,
-                                kv={BACKFILL_KEY: requests} if args.suite else None)
+            ledger.add_backfill_request(args.suite, plan.steps, revalidate=plan.revalidate)
+        else:
+            ledger.requeue_failures(plan.revalidate, [], [], "re-queued by evald backfill", counter=None)
     finally:
         ledger.close()
     if plan.revalidate:
