@@ -109,22 +109,32 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
                   environ: Mapping[str, str] = os.environ) -> int:
     """A fleet worker, ``--plan`` or ``--merge`` (``args``: evald backfill's, with --fleet-dir)."""
     from evald.daemon.fleet import FleetError, fleet_plan, make_plan, run_worker
-    from evald.daemon.fleet_cells import PLAN_FILE, FleetFileError
+    from evald.daemon.fleet_cells import PLAN_FILE, FleetFileError, plan_exists
 
     fleet_dir = Path(args.fleet_dir)
     prog = "evald backfill"
     if args.merge:
         from evald.daemon.fleet_merge import merge
 
-        report = merge(fleet_dir, path)
+        try:
+            report = merge(fleet_dir, path)
+        except FleetFileError as exc:
+            print(f"{prog} --merge: {exc}; nothing was taken", file=sys.stderr)
+            return 2
+        except OSError as exc:    # the run directory's side: a full or read-only disk
+            print(f"{prog} --merge: stopped: {exc}; the cells taken before are in the ledger, run it again once "
+                  f"this is fixed", file=sys.stderr)
+            return 2
         print(f"{prog} --merge: {report.describe()}")
+        for line in report.details():
+            print(f"  {line}", file=sys.stderr)
         return 1 if report.missing or report.bad or report.conflicts else 0
     if not args.suite:
         print(f"{prog}: give --suite (repeatable) for a worker or --plan", file=sys.stderr)
         return 2
     try:
         candidate = None
-        if not (fleet_dir / PLAN_FILE).exists():
+        if not plan_exists(fleet_dir):
             from evald.cli.status import ReadOnlyLedger
             from evald.daemon.run_dir import LEDGER_FILE
 

@@ -51,9 +51,9 @@ def make_plan(ledger: Ledger, ckpt_dir: Path, suites: Sequence[str], span: tuple
 
 def fleet_plan(fleet_dir: Path, suites: Sequence[str], candidate: Plan | None) -> Plan:
     """The fleet's plan: the one in ``fleet_dir``, else ``candidate`` published as it."""
-    from evald.daemon.fleet_cells import PLAN_FILE, read_plan
+    from evald.daemon.fleet_cells import PLAN_FILE, plan_exists, read_plan
 
-    if (fleet_dir / PLAN_FILE).exists() or candidate is None:
+    if plan_exists(fleet_dir) or candidate is None:
         plan = read_plan(fleet_dir)
     else:
         plan = publish_plan(fleet_dir, candidate)

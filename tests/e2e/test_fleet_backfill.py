@@ -49,9 +49,10 @@ def _journal(fleet: Path) -> list[dict]:
 
 
 def _cell_bodies(fleet: Path) -> dict[int, dict]:
-    from evald.daemon.fleet_cells import cell_files, read_cell
+    from evald.daemon.fleet_cells import read_cell, scan_cells
 
-    return {read_cell(p)["step"]: read_cell(p) for p in cell_files(fleet)}
+    bodies = [read_cell(fleet, relative) for relative in scan_cells(fleet).cells]
+    return {body["step"]: body for body in bodies}
 
 
 @pytest.fixture(scope="module")
