@@ -10,6 +10,8 @@ strides, of ``SLURM_ARRAY_TASK_COUNT``), or a Kubernetes Indexed Job (``JOB_COMP
 the count from ``--worker-count`` or ``EVALD_WORKER_COUNT``, which the manifest sets to its
 ``completions``). A worker builds its network and suites from the TOML evald runs with (``--config``)
 and evald's environment variables, completed by the trainer's RUN.json, as evald itself would.
+The fleet's files are sealed with the run's fleet key (evald.daemon.fleet_key): ``RUN_DIR/fleet.key``,
+created by the first worker or ``--plan``, else the file ``--fleet-key`` (``EVALD_FLEET_KEY_FILE``) names.
 The work itself is evald.daemon.fleet; the merge evald.daemon.fleet_merge.
 """
 
@@ -99,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="this worker's index (default: from SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)")
     fleet.add_argument("--worker-count", type=option_count, default=None, metavar="N",
                        help="how many workers (default: SLURM_ARRAY_TASK_COUNT, or env EVALD_WORKER_COUNT)")
+    fleet.add_argument("--fleet-key", metavar="FILE", default=os.environ.get("EVALD_FLEET_KEY_FILE") or None,
+                       help="the key that seals the fleet's files (env EVALD_FLEET_KEY_FILE; default: the run's own "
+                            "RUN_DIR/fleet.key, created by the first worker or --plan: workers and merge running as "
+                            "the run's user need nothing)")
     fleet.add_argument("--plan", action="store_true", help="only fix the fleet's plan (the missing cells) and exit")
     fleet.add_argument("--merge", action="store_true",
                        help="take the fleet's finished cells into the run's ledger, each once, and write their "
@@ -110,6 +116,7 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
     """A fleet worker, ``--plan`` or ``--merge`` (``args``: evald backfill's, with --fleet-dir)."""
     from evald.daemon.fleet import FleetError, fleet_plan, make_plan, run_worker
     from evald.daemon.fleet_cells import PLAN_FILE, FleetFileError, plan_exists
+    from evald.daemon.fleet_key import FleetKeyError, fleet_key
 
     fleet_dir = Path(args.fleet_dir)
     prog = "evald backfill"
@@ -117,8 +124,9 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
         from evald.daemon.fleet_merge import merge
 
         try:
-            report = merge(fleet_dir, path)
-        except FleetFileError as exc:
+            key = fleet_key(path, args.fleet_key, create=False)   # the merge never makes one: nothing it made sealed a file
+            report = merge(fleet_dir, path, key)
+        except (FleetKeyError, FleetFileError) as exc:    # no key, no usable plan
             print(f"{prog} --merge: {exc}; nothing was taken", file=sys.stderr)
             return 2
         except OSError as exc:    # the run directory's side: a full or read-only disk
@@ -133,6 +141,11 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
         print(f"{prog}: give --suite (repeatable) for a worker or --plan", file=sys.stderr)
         return 2
     try:
+        key = fleet_key(path, args.fleet_key, create=True)    # the run's own, made by whichever worker comes first
+    except FleetKeyError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    try:
         candidate = None
         if not plan_exists(fleet_dir):
             from evald.cli.status import ReadOnlyLedger
@@ -143,7 +156,7 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
                 candidate = make_plan(ledger, ckpt_dir, args.suite, span, args.every)
             finally:
                 ledger.close()
-        plan = fleet_plan(fleet_dir, args.suite, candidate)
+        plan = fleet_plan(fleet_dir, args.suite, candidate, key)
     except (FleetError, FleetFileError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -163,7 +176,7 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
     print(f"{prog}: worker {which.index} of {which.count} ({which.source}): "
           f"{len(plan.share(which.index, which.count))} of {len(plan.snapshots)} checkpoint(s)", flush=True)
     try:
-        report = run_worker(config, ckpt_dir, fleet_dir, plan, which.index, which.count)
+        report = run_worker(config, ckpt_dir, fleet_dir, plan, which.index, which.count, key)
     except FleetError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

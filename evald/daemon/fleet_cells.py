@@ -4,7 +4,8 @@ Workers on other hosts share only a filesystem with the run, and SQLite over a n
 is unsafe (its locking is unreliable there), so a worker never opens the ledger: it writes each
 finished cell as a file, atomically (temporary name, fsync, rename, fsync of the directory), and
 ``evald backfill --merge`` takes the files into the ledger exactly once (evald.daemon.fleet_merge).
-A file carries the sha256 of its own body, so a torn or altered file is refused, never merged.
+A file carries the HMAC-SHA256 of its own body under the run's fleet key (evald.daemon.fleet_key), so a
+torn file, an altered one, or one written by someone without the key is refused, never merged.
 
 Layout (the fleet directory, ``--fleet-dir``)::
 
@@ -18,7 +19,7 @@ followed, a FIFO never waited on, regular files only, bounded), and nesting is m
 parsed (the per-sample files' measure, evald.ledger.samples); what a cell says is checked by
 evald.daemon.fleet_check before the merge writes anything of it.
 
-May import: contracts, and the ledger's samples (its nesting measure).
+May import: contracts, the ledger's samples (its nesting measure), and the daemon's fleet_key.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -42,12 +42,14 @@ from typing import Any, Mapping
 
 from evald.contracts.layout import atomic_write_bytes, fsync_dir
 from evald.contracts.safe_open import UnsafeFile, kind_of, list_beneath, open_dir_beneath, read_beneath
+from evald.daemon.fleet_key import FleetKey
 from evald.ledger.samples import MAX_DEPTH as MAX_SAMPLE_DEPTH, nesting_depth
 
 log = logging.getLogger("evald.fleet")
 
-CELL_FORMAT = "evald-fleet-cell/1"
-PLAN_FORMAT = "evald-fleet-plan/1"
+CELL_FORMAT = "evald-fleet-cell/2"     # 2: sealed with the run's fleet key (1: a plain sha256)
+PLAN_FORMAT = "evald-fleet-plan/2"
+SEAL = "hmac_sha256"
 PLAN_FILE = "plan.json"
 CELLS_DIR = "cells"
 WORKERS_DIR = "workers"
@@ -73,10 +75,10 @@ def _atomic_bytes(path: Path, payload: bytes) -> None:
     atomic_write_bytes(path, payload)
 
 
-def sealed(body: Mapping[str, Any]) -> bytes:
-    """``body`` with the sha256 of its canonical JSON, as the bytes of a file."""
-    return json.dumps({"sha256": hashlib.sha256(_canonical(body)).hexdigest(), "body": body}, sort_keys=True,
-                      indent=1, allow_nan=True).encode("utf-8")
+def sealed(body: Mapping[str, Any], key: FleetKey) -> bytes:
+    """``body`` with the HMAC-SHA256 of its canonical JSON under ``key``, as the bytes of a file."""
+    return json.dumps({SEAL: key.seal(_canonical(body)), "body": body}, sort_keys=True, indent=1,
+                      allow_nan=True).encode("utf-8")
 
 
 def printable(text: str) -> str:
@@ -116,15 +118,19 @@ def parse(raw: bytes, shown: str) -> Any:
                              f"it") from None
 
 
-def unseal(raw: bytes, shown: str, expected_format: str) -> dict[str, Any]:
-    """The body of a sealed file's bytes, its hash and format checked (``shown`` names it in errors)."""
+def unseal(raw: bytes, shown: str, expected_format: str, key: FleetKey) -> dict[str, Any]:
+    """The body of a sealed file's bytes, its seal checked under ``key`` and its format (``shown`` names it)."""
     data = parse(raw, shown)
-    if not isinstance(data, dict) or not isinstance(data.get("body"), dict) or not isinstance(data.get("sha256"), str):
-        raise FleetFileError(f"{shown}: not a sealed fleet file (expected {{'sha256', 'body'}})")
+    if isinstance(data, dict) and isinstance(data.get("body"), dict) and isinstance(data.get("sha256"), str):
+        raise FleetFileError(f"{shown}: sealed with a plain sha256 (an evald before the fleet key): anyone can "
+                             f"recompute that, so it is not taken; rerun its worker with this evald")
+    if not isinstance(data, dict) or not isinstance(data.get("body"), dict) or not isinstance(data.get(SEAL), str):
+        raise FleetFileError(f"{shown}: not a sealed fleet file (expected {{{SEAL!r}, 'body'}})")
     body = data["body"]
-    if hashlib.sha256(_canonical(body)).hexdigest() != data["sha256"]:
-        raise FleetFileError(f"{shown}: its content does not match its sha256 (torn or altered); remove it and "
-                             f"rerun the worker that wrote it")
+    if not key.verifies(_canonical(body), data[SEAL]):
+        raise FleetFileError(f"{shown}: its seal does not match the fleet's key ({key.where}): torn, altered, or "
+                             f"written by someone who does not hold the key; not taken (rerun the worker that should "
+                             f"have written it)")
     if body.get("format") != expected_format:
         raise FleetFileError(f"{shown}: format {str(body.get('format'))[:80]!r}, expected {expected_format!r}")
     return body
@@ -176,7 +182,7 @@ class Plan:
         return [s for position, s in enumerate(self.snapshots) if position % count == index]
 
 
-def publish_plan(fleet_dir: Path, plan: Plan) -> Plan:
+def publish_plan(fleet_dir: Path, plan: Plan, key: FleetKey) -> Plan:
     """Write ``plan`` as the fleet's plan unless one exists (first writer wins, by a hard link that
     fails if the name exists, so two workers starting at once agree); the fleet's plan."""
     body = {"format": PLAN_FORMAT, "suites": list(plan.suites), "created_at": time.time(),
@@ -186,7 +192,7 @@ def publish_plan(fleet_dir: Path, plan: Plan) -> Plan:
     target = fleet_dir / PLAN_FILE
     if not plan_exists(fleet_dir):
         tmp = fleet_dir / f".{PLAN_FILE}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        _atomic_bytes(tmp, sealed(body))
+        _atomic_bytes(tmp, sealed(body, key))
         try:
             os.link(tmp, target)
             fsync_dir(fleet_dir)
@@ -195,7 +201,7 @@ def publish_plan(fleet_dir: Path, plan: Plan) -> Plan:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-    return read_plan(fleet_dir)
+    return read_plan(fleet_dir, key)
 
 
 def plan_exists(fleet_dir: Path) -> bool:
@@ -203,11 +209,11 @@ def plan_exists(fleet_dir: Path) -> bool:
     return os.path.lexists(Path(fleet_dir) / PLAN_FILE)
 
 
-def read_plan(fleet_dir: Path) -> Plan:
+def read_plan(fleet_dir: Path, key: FleetKey) -> Plan:
     """The fleet's plan, every field checked (FleetFileError naming the file and the field)."""
     shown = printable(str(Path(fleet_dir) / PLAN_FILE))
     # a second name for a moment: publish_plan links its temporary to plan.json, then removes the temporary
-    body = unseal(read_file(fleet_dir, PLAN_FILE, MAX_PLAN_BYTES, single_link=False), shown, PLAN_FORMAT)
+    body = unseal(read_file(fleet_dir, PLAN_FILE, MAX_PLAN_BYTES, single_link=False), shown, PLAN_FORMAT, key)
     suites, snapshots = body.get("suites"), body.get("snapshots")
     if not isinstance(suites, list) or not suites or not all(isinstance(x, str) and SUITE_NAME.fullmatch(x)
                                                              for x in suites) or len(set(suites)) != len(suites):
@@ -249,7 +255,7 @@ def cell_path(fleet_dir: Path, suite: str, step: int, cell_identity: str) -> Pat
     return Path(fleet_dir) / cell_relative(suite, step, cell_identity)
 
 
-def write_cell(fleet_dir: Path, body: Mapping[str, Any]) -> Path:
+def write_cell(fleet_dir: Path, body: Mapping[str, Any], key: FleetKey) -> Path:
     """One finished cell (keys: suite, step, cell_identity, state, ...), atomically; never through a link
     someone put at its suite's directory."""
     suite = body["suite"]
@@ -259,15 +265,15 @@ def write_cell(fleet_dir: Path, body: Mapping[str, Any]) -> Path:
         os.close(open_dir_beneath(fleet_dir, f"{CELLS_DIR}/{suite}"))
     except UnsafeFile as exc:
         raise FleetFileError(f"{exc}: a cell is not written there") from None
-    atomic_write_bytes(path, sealed({"format": CELL_FORMAT, **body}))
+    atomic_write_bytes(path, sealed({"format": CELL_FORMAT, **body}, key))
     return path
 
 
-def read_cell(fleet_dir: Path, relative: str) -> dict[str, Any]:
+def read_cell(fleet_dir: Path, relative: str, key: FleetKey) -> dict[str, Any]:
     """The body of the cell file ``fleet_dir/relative`` (``cells/SUITE/step_<STEP>.<CELL12>.json``), its seal
     checked and its name matching its suite, step and cell identity. What it says is fleet_check's."""
     shown = printable(str(Path(fleet_dir) / relative))
-    body = unseal(read_file(fleet_dir, relative, MAX_CELL_BYTES), shown, CELL_FORMAT)
+    body = unseal(read_file(fleet_dir, relative, MAX_CELL_BYTES), shown, CELL_FORMAT, key)
     folder, _, name = relative.rpartition("/")
     match = _CELL_NAME.fullmatch(name)
     identity = body.get("cell_identity")
@@ -278,10 +284,10 @@ def read_cell(fleet_dir: Path, relative: str) -> dict[str, Any]:
     return body
 
 
-def cell_done(fleet_dir: Path, suite: str, step: int, cell_identity: str) -> bool:
+def cell_done(fleet_dir: Path, suite: str, step: int, cell_identity: str, key: FleetKey) -> bool:
     """Whether a valid file of this cell exists (a torn one is evaluated again and replaced)."""
     try:
-        read_cell(fleet_dir, cell_relative(suite, step, cell_identity))
+        read_cell(fleet_dir, cell_relative(suite, step, cell_identity), key)
     except FleetFileError:
         return False
     return True

@@ -1,6 +1,7 @@
 """``evald backfill --merge``: a backfill fleet's cell files taken into the run's ledger, each exactly once.
 
-The fleet directory is input: its files are read under the one rule and each cell is checked
+The fleet directory is input: its files are read under the one rule, their seals checked with the
+run's fleet key (evald.daemon.fleet_key: a file written without the key is refused), and each cell checked
 (evald.daemon.fleet_cells, evald.daemon.fleet_check) against the fleet's plan, the suite's identity and
 the run's ledger (the step must be a retained checkpoint of the run; the cell's identity the run's
 current identity of its suite) before anything of it is written. A bad entry or cell is reported (the
@@ -13,7 +14,7 @@ run twice, a duplicated worker, or a file copied back all count a cell once. The
 the ledger's outbox: the evald that serves the run writes them at its next tick; with none serving it,
 the merge holds the run's lock and writes them itself (evald.sinks.tensorboard), one point per tag and step.
 
-May import: ledger, sinks, contracts, and the daemon's fleet_cells, fleet_check, locks, run_dir.
+May import: ledger, sinks, contracts, and the daemon's fleet_cells, fleet_check, fleet_key, locks, run_dir.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from evald.daemon.fleet_cells import FleetFileError, printable, read_cell, read_plan, scan_cells
 from evald.daemon.fleet_check import DRAWN_TIMING, CellError, CheckedCell, check_cell
+from evald.daemon.fleet_key import FleetKey
 from evald.daemon.locks import InUse, Lock
 from evald.daemon.run_dir import LEDGER_FILE, LOCK_FILE
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, Ledger, Record
@@ -87,10 +89,10 @@ class _Run:
         return cls(set(ledger.step_numbers()), identities)
 
 
-def merge(fleet_dir: Path, run_dir: Path) -> MergeReport:
-    """Take the fleet's good cells into the run's ledger (module docstring). FleetFileError when the fleet
-    directory has no usable plan (nothing can be checked without it: nothing is taken)."""
-    plan = read_plan(fleet_dir)
+def merge(fleet_dir: Path, run_dir: Path, key: FleetKey) -> MergeReport:
+    """Take the fleet's good cells, sealed with ``key``, into the run's ledger (module docstring). FleetFileError
+    when the fleet directory has no usable plan (nothing can be checked without it: nothing is taken)."""
+    plan = read_plan(fleet_dir, key)
     report = MergeReport()
     ledger = Ledger(run_dir / LEDGER_FILE)
     try:
@@ -100,7 +102,7 @@ def merge(fleet_dir: Path, run_dir: Path) -> MergeReport:
         for relative in scan.cells:
             where = printable(str(Path(fleet_dir) / relative))
             try:
-                cell = check_cell(read_cell(fleet_dir, relative), where, plan)
+                cell = check_cell(read_cell(fleet_dir, relative, key), where, plan)
                 outcome = _take(ledger, run_dir, cell, where, run)
             except FleetFileError as exc:
                 report.bad.append(printable(str(exc)))

@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+from evald.daemon.fleet_key import FleetKey, fleet_key
 from evald.ledger.ledger import EVALUATED, Ledger, Record
 from evald.ledger.samples import identity_digest
 
@@ -49,6 +50,11 @@ def make_run(root: Path, steps=(10, 20, 30)) -> Path:
     ledger.mark_written([r.id for r in ledger.pending_records()])   # as the run's evald did
     ledger.close()
     return run
+
+
+def run_key(run: Path) -> FleetKey:
+    """The run's fleet key, RUN_DIR/fleet.key, as the first worker creates it."""
+    return fleet_key(run, None, create=True)
 
 
 def tree(root: Path, *, skip: Path | None = None) -> dict[str, tuple]:

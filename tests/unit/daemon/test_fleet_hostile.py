@@ -18,13 +18,13 @@ from evald.daemon.fleet_cells import Plan, Snapshot, cell_path, journal_events, 
 from evald.daemon.fleet_merge import merge
 from evald.ledger.ledger import EVALUATED, Ledger
 from evald.ledger.samples import write_samples
-from tests.unit.daemon.fleet_files import SUITE, body, cell_identity, make_run, tree
+from tests.unit.daemon.fleet_files import SUITE, body, cell_identity, make_run, run_key, tree
 
 BOUND_S = 60     # "no hang": a merge of a handful of small files takes well under a second
 
 
-def _plan(fleet: Path, steps=(10, 20, 30)) -> None:
-    publish_plan(fleet, Plan((SUITE,), tuple(Snapshot(s, f"step_{s}", "evald", None, (SUITE,)) for s in steps)))
+def _plan(fleet: Path, key, steps=(10, 20, 30)) -> None:
+    publish_plan(fleet, Plan((SUITE,), tuple(Snapshot(s, f"step_{s}", "evald", None, (SUITE,)) for s in steps)), key)
 
 
 def _within_bound(call, *fifos: Path):
@@ -67,14 +67,15 @@ def _cells(run: Path) -> list[tuple[int, str, dict | None]]:
 
 def test_a_fifo_or_a_link_in_place_of_a_cell_is_reported_and_the_merge_finishes(tmp_path):
     run, fleet, outside = make_run(tmp_path), tmp_path / "fleet", tmp_path / "outside"
-    _plan(fleet)
-    write_cell(fleet, body(10))
+    key = run_key(run)
+    _plan(fleet, key)
+    write_cell(fleet, body(10), key)
     fifo = cell_path(fleet, SUITE, 20, cell_identity())
     os.mkfifo(fifo)
-    elsewhere = write_cell(outside, body(30))                 # a genuine cell, reached only through a link
+    elsewhere = write_cell(outside, body(30), key)               # a genuine cell, reached only through a link
     os.symlink(elsewhere, cell_path(fleet, SUITE, 30, cell_identity()))
     os.symlink(outside / "cells" / SUITE, fleet / "cells" / "linked")   # a suite directory that is a link
-    report = _within_bound(lambda: merge(fleet, run), fifo)
+    report = _within_bound(lambda: merge(fleet, run, key), fifo)
     assert report.taken == [(SUITE, 10)]
     said = "\n".join(report.bad)
     assert len(report.bad) == 3, said
@@ -88,10 +89,11 @@ def test_a_fifo_in_place_of_the_plan_is_a_clear_error_not_a_hang(tmp_path):
     from evald.daemon.fleet_cells import FleetFileError
 
     run, fleet = make_run(tmp_path), tmp_path / "fleet"
+    key = run_key(run)
     fleet.mkdir()
     os.mkfifo(fleet / "plan.json")
     with pytest.raises(FleetFileError, match="plan.json is a FIFO"):
-        _within_bound(lambda: merge(fleet, run), fleet / "plan.json")
+        _within_bound(lambda: merge(fleet, run, key), fleet / "plan.json")
 
 
 def test_the_journals_are_read_without_following_links_or_blocking(tmp_path):
@@ -111,15 +113,16 @@ def _merge_one(tmp_path: Path, cell: dict | bytes, *, step: int = 10, plan_steps
     """Merge a fleet holding one cell (a body, sealed as a worker seals it, or raw bytes at its name);
     the report, with the proof that nothing outside the run directory changed."""
     run, fleet = make_run(tmp_path), tmp_path / "fleet"
-    _plan(fleet, plan_steps)
+    key = run_key(run)
+    _plan(fleet, key, plan_steps)
     if isinstance(cell, dict):
-        path = write_cell(fleet, cell)
+        path = write_cell(fleet, cell, key)
     else:
         path = cell_path(fleet, SUITE, step, cell_identity())
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(cell)
     before = tree(tmp_path, skip=run)
-    report = _within_bound(lambda: merge(fleet, run))
+    report = _within_bound(lambda: merge(fleet, run, key))
     assert tree(tmp_path, skip=run) == before, "the merge wrote outside the run directory"
     return run, path, report
 
@@ -195,10 +198,11 @@ def test_a_cell_of_another_identity_than_the_runs_current_one_is_a_conflict_and_
                   identity_sha256=ours["identity_sha256"], cell_identity=ours["cell_identity"],
                   metrics=ours["tasks"]["t"]["metrics"], samples=ours["tasks"]["t"]["samples"])
     samples_before = tree(run / "samples")
-    _plan(fleet)
-    write_cell(fleet, body(10, 0.1, network="f" * 16))
-    write_cell(fleet, body(20, 0.2, network="f" * 16))
-    report = _within_bound(lambda: merge(fleet, run))
+    key = run_key(run)
+    _plan(fleet, key)
+    write_cell(fleet, body(10, 0.1, network="f" * 16), key)
+    write_cell(fleet, body(20, 0.2, network="f" * 16), key)
+    report = _within_bound(lambda: merge(fleet, run, key))
     assert not report.taken and len(report.conflicts) == 2, report
     assert tree(run / "samples") == samples_before
     assert _cells(run) == [(10, EVALUATED, {"mc/t/acc": 0.7})]
@@ -206,13 +210,14 @@ def test_a_cell_of_another_identity_than_the_runs_current_one_is_a_conflict_and_
 
 def test_a_valid_cell_beside_bad_ones_is_taken(tmp_path):
     run, fleet = make_run(tmp_path), tmp_path / "fleet"
-    _plan(fleet)
-    write_cell(fleet, body(10, 0.4))
+    key = run_key(run)
+    _plan(fleet, key)
+    write_cell(fleet, body(10, 0.4), key)
     bad = body(20)
     bad["tasks"]["t"]["metrics"]["acc"] = "x"
-    write_cell(fleet, bad)
+    write_cell(fleet, bad, key)
     cell_path(fleet, SUITE, 30, cell_identity()).write_bytes(b"\xff\xfe not json")
-    report = _within_bound(lambda: merge(fleet, run))
+    report = _within_bound(lambda: merge(fleet, run, key))
     assert report.taken == [(SUITE, 10)] and len(report.bad) == 2
     assert _cells(run) == [(10, EVALUATED, {"mc/t/acc": 0.4, "mc/t/acc_stderr": 0.1})]
     assert json.loads((run / "samples" / SUITE / "t" / f"step_10.{cell_identity()[:12]}.json").read_text())["step"] == 10
@@ -222,10 +227,11 @@ def test_the_command_names_each_bad_file_and_exits_1_or_2_never_a_traceback(tmp_
     from evald.cli.main import main
 
     run, fleet = make_run(tmp_path), tmp_path / "fleet"
-    _plan(fleet)
+    key = run_key(run)
+    _plan(fleet, key)
     cell = body(10)
     cell["tasks"]["t"]["metrics"]["acc"] = "high"
-    path = write_cell(fleet, cell)
+    path = write_cell(fleet, cell, key)
     argv = ["backfill", "--run-dir", str(run), "--ckpt-dir", str(tmp_path), "--fleet-dir", str(fleet), "--merge"]
     assert main(argv) == 1
     out, err = capsys.readouterr()
