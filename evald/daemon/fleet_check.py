@@ -112,9 +112,11 @@ def check_cell(body: Mapping[str, Any], where: str, plan: Plan) -> CheckedCell:
                         f"cell identity only when it is this cell's ({suite}, {cell_identity[:12]})")
     tasks = _tasks(body.get("tasks"), identity.get("tasks"), where)
     scalars = {f"{suite}/{task.name}/{name}": value for task in tasks for name, value in task.metrics.items()}
-    if "scalars" in body and body["scalars"] != scalars:
-        raise CellError(f"{where}: 'scalars' are not its tasks' metrics (SUITE/TASK/METRIC): "
-                        f"{_shown(sorted(set(body['scalars']) ^ set(scalars)) or 'values differ')}")
+    given = body.get("scalars", scalars)
+    if given != scalars:
+        differ = (f"names {_shown(sorted(set(given) ^ set(scalars)))}" if isinstance(given, dict) and set(given) !=
+                  set(scalars) else "values differ" if isinstance(given, dict) else f"not an object: {_shown(given)}")
+        raise CellError(f"{where}: 'scalars' are not its tasks' metrics (SUITE/TASK/METRIC): {differ}")
     timing = body.get("timing") or {}
     if not isinstance(timing, dict) or not all(finite_number(timing[k]) and timing[k] >= 0 for k in TIMING
                                                if k in timing):
@@ -167,6 +169,8 @@ def _tasks(tasks: Any, identified: Any, where: str) -> tuple[TaskCell, ...]:
                                 f"characters or has a control character")
             if not finite_number(value):
                 raise CellError(f"{where}: {field}.metrics[{metric!r}] is {_shown(value)}, not a finite number")
+        if not all(isinstance(sample, dict) for sample in samples):
+            raise CellError(f"{where}: {field}.samples must be a list of objects (one per document)")
         try:
             samples_of(samples, Path(where))
         except SampleFileError as exc:

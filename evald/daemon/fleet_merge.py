@@ -133,12 +133,12 @@ def _take(ledger: Ledger, run_dir: Path, cell: CheckedCell, where: str, run: _Ru
                         f"this run); not taken")
     current = ledger.cell(step, suite)
     if current is not None and current.identity != identity:
-        return (f"{where}: the run's current {suite} cell of step {step} has another identity ({current.identity[:12]}"
-                f"..., this file {identity[:12]}...: the suite changed since the fleet ran)")
+        return (f"{where}: the run's current {suite} cell of step {step} has another identity ({current.identity}, "
+                f"this file {identity}: the suite or the network changed since the fleet ran)")
     known = run.identities.get(suite, set())
     if known and identity not in known:
-        return (f"{where}: the run's current {suite} cells have identity {', '.join(sorted(i[:12] for i in known))}"
-                f"..., this file {identity[:12]}... (the suite or the network changed since the fleet ran)")
+        return (f"{where}: the run's current {suite} cells have identity {', '.join(sorted(known))}, this file "
+                f"{identity} (the suite or the network changed since the fleet ran)")
     if current is not None and (current.state == EVALUATED or (cell.state != EVALUATED
                                                                 and current.state in (FAILED, DELETED))):
         return "already"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 from pathlib import Path
 
 from evald.daemon.fleet_key import FleetKey, fleet_key
@@ -72,3 +73,34 @@ def tree(root: Path, *, skip: Path | None = None) -> dict[str, tuple]:
             found[str(path.relative_to(root))] = (stat.S_IFMT(info.st_mode), info.st_size if stat.S_ISREG(
                 info.st_mode) else 0, info.st_mtime_ns if stat.S_ISREG(info.st_mode) else 0)
     return found
+
+
+BOUND_S = 60     # "no hang": a merge of a handful of small files takes well under a second
+
+
+def within_bound(call, *fifos: Path):
+    """``call()`` in a thread that must end within BOUND_S; a FIFO it blocks on is then opened for writing
+    (and closed) so the thread ends and the test reports the hang instead of hanging."""
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:     # noqa: BLE001 - re-raised below, in the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(BOUND_S)
+    hung = thread.is_alive()
+    while thread.is_alive():
+        for fifo in fifos:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        thread.join(0.1)
+    assert not hung, f"still running after {BOUND_S} s (blocked on a FIFO)"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,40 +18,10 @@ from evald.daemon.fleet_merge import merge
 from evald.ledger.ledger import EVALUATED, Ledger
 from evald.ledger.samples import write_samples
 from tests.unit.daemon.fleet_files import SUITE, body, cell_identity, make_run, run_key, tree
-
-BOUND_S = 60     # "no hang": a merge of a handful of small files takes well under a second
-
+from tests.unit.daemon.fleet_files import within_bound as _within_bound
 
 def _plan(fleet: Path, key, steps=(10, 20, 30)) -> None:
     publish_plan(fleet, Plan((SUITE,), tuple(Snapshot(s, f"step_{s}", "evald", None, (SUITE,)) for s in steps)), key)
-
-
-def _within_bound(call, *fifos: Path):
-    """``call()`` in a thread that must end within BOUND_S; a FIFO it blocks on is then opened for writing
-    (and closed) so the thread ends and the test reports the hang instead of hanging."""
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:     # noqa: BLE001 - reported below, with its type
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(BOUND_S)
-    hung = thread.is_alive()
-    while thread.is_alive():
-        for fifo in fifos:
-            try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
-        thread.join(0.1)
-    assert not hung, f"still running after {BOUND_S} s (blocked on a FIFO)"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def _cells(run: Path) -> list[tuple[int, str, dict | None]]:
@@ -162,6 +131,28 @@ def test_a_metric_that_is_not_a_finite_number_is_refused(tmp_path, value, says):
     _refused(report, path, "acc")
     assert says.lower() in report.bad[0].lower()
     assert _cells(run) == [] and not (run / "samples").exists()
+
+
+@pytest.mark.parametrize("sample, says", [("../../escape", "a list of objects"), ({"doc_id": "1", "metrics": {}},
+                                                                              "doc_id"),
+                                          ({"doc_id": 0, "metrics": {"acc": "x"}}, "finite number")])
+def test_a_per_sample_record_that_is_not_one_is_refused(tmp_path, sample, says):
+    """Found by the property test: a string in place of a document ended the merge in an AttributeError."""
+    cell = body(10)
+    cell["tasks"]["t"]["samples"][0] = sample
+    run, path, report = _merge_one(tmp_path, cell)
+    _refused(report, path, "tasks['t'].samples", says)
+    assert not (run / "samples").exists()
+
+
+@pytest.mark.parametrize("scalars, says", [(7, "not an object"), ({"mc/t/acc": 0.5}, "names"),
+                                            ({"mc/t/acc": 0.9, "mc/t/acc_stderr": 0.1}, "values differ")])
+def test_scalars_that_are_not_the_tasks_metrics_are_refused(tmp_path, scalars, says):
+    """Found by the property test: scalars that were a number ended the merge in a TypeError."""
+    cell = body(10)
+    cell["scalars"] = scalars
+    run, path, report = _merge_one(tmp_path, cell)
+    _refused(report, path, "'scalars'", says)
 
 
 def test_a_cell_nested_100000_deep_is_refused_before_it_is_parsed(tmp_path):
