@@ -38,8 +38,9 @@ class FleetError(RuntimeError):
 
 def make_plan(ledger: Ledger, ckpt_dir: Path, suites: Sequence[str], span: tuple[int, int] | None,
               every: int | None) -> Plan:
-    """The retained checkpoints that lack a current evaluated cell of any of ``suites``."""
-    rows = {row.step: row for row in ledger.steps(EVALUATED)}
+    """The retained checkpoints that lack a current evaluated cell of any of ``suites`` (a step the lag policy
+    skipped included: a suite's cell does not need the step's validation)."""
+    rows = {row.step: row for row in ledger.steps()}
     snapshots = []
     for step in backfill_steps(ledger, ckpt_dir, span, every):
         missing = tuple(s for s in sorted(suites) if (cell := ledger.cell(step, s)) is None

@@ -75,3 +75,21 @@ def test_the_ledger_takes_a_cell_in_once(tmp_path):
     assert ledger.take_cell(20, "a", "id1", EVALUATED, metrics={"a/t/acc": 0.7}) == "taken"
     assert ledger.cell(20, "a").state == EVALUATED and len(ledger.cells(suite="a")) == 2
     ledger.close()
+
+
+def test_the_plan_covers_a_step_the_lag_policy_skipped(tmp_path):
+    """make_plan looked each covered step up among the evaluated ones only: a retained step the lag policy had
+    skipped (which plan_backfill covers) ended `evald backfill --fleet-dir ... --plan` in a KeyError."""
+    from evald.daemon.fleet import make_plan
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    for step in (10, 20):
+        (ckpt / f"step_{step}").mkdir()
+        ledger.admit(name=f"step_{step}", step=step, kind="evald", found_via="scan", run_id="r", commit_time=1.0)
+    ledger.start(20, [(10, "superseded by step 20 (lag policy latest)")])
+    ledger.finish(20, EVALUATED, metrics={"eval/loss": 1.0}, identity="v" * 64, record=Record("eval", 20, 1.0, {}, {}))
+    plan = make_plan(ledger, ckpt, ["mc"], None, None)
+    ledger.close()
+    assert [(s.step, s.source, s.suites) for s in plan.snapshots] == [(10, "step_10", ("mc",)), (20, "step_20", ("mc",))]
