@@ -52,7 +52,8 @@ class FleetKey:
         return hmac.new(self.secret, payload, hashlib.sha256).hexdigest()
 
     def verifies(self, payload: bytes, seal: str) -> bool:
-        return hmac.compare_digest(self.seal(payload), seal)
+        # compare_digest refuses a str with non-ASCII characters (TypeError): a file's seal may hold any
+        return seal.isascii() and hmac.compare_digest(self.seal(payload), seal)
 
 
 def fleet_key(run_dir: Path, given: str | None, *, create: bool) -> FleetKey:

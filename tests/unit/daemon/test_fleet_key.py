@@ -56,6 +56,20 @@ def test_a_cell_altered_and_resealed_without_the_key_is_not_taken(tmp_path):
     assert _cells(run) == [(30, {"mc/t/acc": 0.5, "mc/t/acc_stderr": 0.1})]
 
 
+def test_a_seal_that_is_not_hex_is_refused_not_a_traceback(tmp_path):
+    """hmac.compare_digest raises TypeError for a str with non-ASCII characters: a seal of 'é' would have
+    ended the merge in a traceback."""
+    run, fleet = make_run(tmp_path), tmp_path / "fleet"
+    key = run_key(run)
+    publish_plan(fleet, PLAN, key)
+    path = write_cell(fleet, body(10), key)
+    data = json.loads(path.read_text())
+    data["hmac_sha256"] = "\u00e9" * 64
+    path.write_text(json.dumps(data))
+    report = merge(fleet, run, key)
+    assert not report.taken and len(report.bad) == 1 and "seal does not match" in report.bad[0]
+
+
 def test_a_plan_written_without_the_key_is_refused(tmp_path):
     run, fleet = make_run(tmp_path), tmp_path / "fleet"
     key = run_key(run)

@@ -108,14 +108,15 @@ def _set(tree_: dict, path: tuple, value, *, drop: bool) -> None:
 
 
 def _raw(draw) -> bytes:
-    kind = draw(st.sampled_from(["deep", "token", "bytes", "truncated", "not-utf8"]))
+    kind = draw(st.sampled_from(["deep", "token", "bytes", "truncated", "odd-seal"]))
     if kind == "deep":
         depth = draw(st.sampled_from([70, 80, 1000, 100_000]))
         return b'{"hmac_sha256": "0", "body": ' + b"[" * depth + b"]" * depth + b"}"
     if kind == "token":
         return b'{"hmac_sha256": "0", "body": {"step": ' + draw(st.sampled_from(NUMBER_TOKENS)) + b"}}"
-    if kind == "not-utf8":
-        return b'{"hmac_sha256": "\xff\xfe", "body": {}}'
+    if kind == "odd-seal":
+        return draw(st.sampled_from([b'{"hmac_sha256": "\xff\xfe", "body": {}}', b'{"hmac_sha256": "\xc3\xa9", "body": {}}',
+                                     b'{"hmac_sha256": "\\ud800", "body": {}}']))
     if kind == "truncated":
         return json.dumps({"hmac_sha256": "0" * 64, "body": body(10)}).encode()[:draw(st.integers(0, 300))]
     return draw(st.binary(max_size=64))
