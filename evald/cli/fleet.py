@@ -177,7 +177,7 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
           f"{len(plan.share(which.index, which.count))} of {len(plan.snapshots)} checkpoint(s)", flush=True)
     try:
         report = run_worker(config, ckpt_dir, fleet_dir, plan, which.index, which.count, key)
-    except FleetError as exc:
+    except (FleetError, FleetFileError) as exc:   # FleetFileError: a link or FIFO where it writes its journal or cells
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(f"{prog}: {report.describe()}", flush=True)

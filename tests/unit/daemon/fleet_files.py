@@ -80,7 +80,7 @@ BOUND_S = 60     # "no hang": a merge of a handful of small files takes well und
 
 def within_bound(call, *fifos: Path):
     """``call()`` in a thread that must end within BOUND_S; a FIFO it blocks on is then opened for writing
-    (and closed) so the thread ends and the test reports the hang instead of hanging."""
+    (and for reading, and closed) so the thread ends and the test reports the hang instead of hanging."""
     outcome: dict = {}
 
     def run():
@@ -94,11 +94,12 @@ def within_bound(call, *fifos: Path):
     thread.join(BOUND_S)
     hung = thread.is_alive()
     while thread.is_alive():
-        for fifo in fifos:
-            try:
-                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            except OSError:
-                pass
+        for fifo in fifos:     # a reader blocks until a writer comes, a writer until a reader does
+            for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
+                try:
+                    os.close(os.open(fifo, flags))
+                except OSError:
+                    pass
         thread.join(0.1)
     assert not hung, f"still running after {BOUND_S} s (blocked on a FIFO)"
     if "error" in outcome:

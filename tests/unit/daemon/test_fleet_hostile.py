@@ -76,6 +76,28 @@ def test_the_journals_are_read_without_following_links_or_blocking(tmp_path):
     assert events == [{"event": "start", "worker": 0}]
 
 
+def test_a_worker_never_writes_its_journal_through_a_link_or_into_a_fifo(tmp_path):
+    import socket
+
+    from evald.daemon.fleet import run_worker
+    from evald.daemon.fleet_cells import FleetFileError
+
+    run, fleet, outside = make_run(tmp_path), tmp_path / "fleet", tmp_path / "outside"
+    key, empty = run_key(run), Plan((SUITE,), ())
+    outside.mkdir()
+    fleet.mkdir()
+    os.symlink(outside, fleet / "workers")
+    with pytest.raises(FleetFileError, match="symbolic link"):
+        _within_bound(lambda: run_worker(None, tmp_path, fleet, empty, 0, 1, key))
+    assert list(outside.iterdir()) == []
+    (fleet / "workers").unlink()
+    (fleet / "workers").mkdir()
+    fifo = fleet / "workers" / f"worker-0.{socket.gethostname()}.{os.getpid()}.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(FleetFileError, match="journal cannot be written"):
+        _within_bound(lambda: run_worker(None, tmp_path, fleet, empty, 0, 1, key), fifo)
+
+
 # ---------------------------------------------------------------------- case 2: what a cell says
 
 def _merge_one(tmp_path: Path, cell: dict | bytes, *, step: int = 10, plan_steps=(10, 20, 30)):
