@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -163,11 +164,11 @@ def backfill(argv: Sequence[str]) -> int:
     Beside a running evald it only records the request (evald takes it up at its next turn, after any
     new checkpoint); with evald's options after --, and no evald serving the run, it evaluates them itself"""
     from evald.cli.status import gather, lock_holder
-    from evald.daemon.suite_turn import BACKFILL_KEY, plan_backfill
+    from evald.daemon.suite_turn import plan_backfill
     from evald.ledger.ledger import Ledger
     from evald.ledger.requeue import shown_steps
 
-    from evald.cli.fleet import add_arguments as fleet_arguments, fleet_command
+    from evald.cli.fleet import add_arguments as fleet_arguments, fleet_command, option_count
 
     p = argparse.ArgumentParser(prog="evald backfill", description=backfill.__doc__ + ". See docs/benchmarks.md.")
     p.add_argument("--suite", action="append", help="the suite's name ([suites.NAME] in evald's configuration); "
@@ -175,7 +176,7 @@ def backfill(argv: Sequence[str]) -> int:
                    "once for all of them")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--steps", metavar="A:B", help="only steps A to B (inclusive)")
-    which.add_argument("--every", type=int, metavar="K", help="every K-th retained checkpoint")
+    which.add_argument("--every", type=option_count, metavar="K", help="every K-th retained checkpoint")
     _which_run(p)
     fleet_arguments(p)
     p.add_argument("evald_args", nargs=argparse.REMAINDER, metavar="-- EVALD_OPTIONS",
@@ -190,11 +191,10 @@ def backfill(argv: Sequence[str]) -> int:
         p.error("a fleet backfills suites: give --suite")
     span = None
     if args.steps:
-        try:
-            low, high = (int(x) for x in args.steps.split(":"))
-        except ValueError:
-            p.error(f"--steps: expected A:B (two integers), got {args.steps!r}")
-        span = (low, high)
+        bounds = re.fullmatch(r"([0-9]{1,19}):([0-9]{1,19})", args.steps)   # ASCII digits only, as a step's name
+        if bounds is None:
+            p.error(f"--steps: expected A:B (two whole numbers in ASCII digits), got {args.steps!r:.80}")
+        span = (int(bounds.group(1)), int(bounds.group(2)))
     if args.every is not None and args.every < 1:
         p.error("--every must be >= 1")
     path = _run_path(args, "evald backfill")
@@ -220,12 +220,12 @@ def backfill(argv: Sequence[str]) -> int:
                   f"--config or evald options given here); nothing recorded", file=sys.stderr)
             return 2
         plan = plan_backfill(ledger, Path(ckpt_dir), span, args.every)
-        requests = ledger.get_state(BACKFILL_KEY) or []
+        # the skipped steps' validation and the suite's request, in one transaction (a running evald takes
+        # requests in its own: neither overwrites the other's)
         if args.suite:
-            requests = requests + [{"suite": args.suite, "steps": list(plan.steps)}]
-        # the skipped steps' validation and the suite's request, at once
-        ledger.requeue_failures(plan.revalidate, [], [], "re-queued by evald backfill", counter=None,
-                                kv={BACKFILL_KEY: requests} if args.suite else None)
+            ledger.add_backfill_request(args.suite, plan.steps, revalidate=plan.revalidate)
+        else:
+            ledger.requeue_failures(plan.revalidate, [], [], "re-queued by evald backfill", counter=None)
     finally:
         ledger.close()
     if plan.revalidate:

@@ -10,6 +10,8 @@ strides, of ``SLURM_ARRAY_TASK_COUNT``), or a Kubernetes Indexed Job (``JOB_COMP
 the count from ``--worker-count`` or ``EVALD_WORKER_COUNT``, which the manifest sets to its
 ``completions``). A worker builds its network and suites from the TOML evald runs with (``--config``)
 and evald's environment variables, completed by the trainer's RUN.json, as evald itself would.
+The fleet's files are sealed with the run's fleet key (evald.daemon.fleet_key): ``RUN_DIR/fleet.key``,
+created by the first worker or ``--plan``, else the file ``--fleet-key`` (``EVALD_FLEET_KEY_FILE``) names.
 The work itself is evald.daemon.fleet; the merge evald.daemon.fleet_merge.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +37,32 @@ class IndexError_(ValueError):
     """The worker's index or count is missing or out of range; the message says what to give."""
 
 
+_ASCII_COUNT = re.compile(r"[0-9]{1,9}")   # an engine writes ASCII digits; a billion workers is no fleet
+
+
+def ascii_count(text: str, what: str) -> int:
+    """``text`` as a non-negative integer written in ASCII digits, matched in full: int() would also take
+    Arabic-Indic or full-width digits, ``1_0``, a sign and white space around it."""
+    if _ASCII_COUNT.fullmatch(text) is None:
+        shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}... ({len(text)} characters)"
+        raise IndexError_(f"{what}={shown} is not a whole number in ASCII digits (0-9, at most 9 of them, "
+                          f"nothing else)")
+    return int(text)
+
+
+def option_count(text: str) -> int:
+    """argparse's type for --worker-index, --worker-count (and evald backfill's --every): ascii_count."""
+    try:
+        return ascii_count(text, "the value")
+    except IndexError_ as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _int(environ: Mapping[str, str], name: str) -> int | None:
     value = environ.get(name)
     if value is None or value == "":
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise IndexError_(f"{name}={value!r} is not an integer") from None
+    return ascii_count(value, name)
 
 
 def worker_index(index: int | None, count: int | None, environ: Mapping[str, str]) -> WorkerIndex:
@@ -76,10 +97,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     fleet.add_argument("--fleet-dir", default=os.environ.get("EVALD_FLEET_DIR") or None,
                        help="the directory the workers and the merge share (one per backfill; env EVALD_FLEET_DIR); a worker "
                             "builds its network and suites from --config, the TOML evald runs with")
-    fleet.add_argument("--worker-index", type=int, default=None, metavar="I",
+    fleet.add_argument("--worker-index", type=option_count, default=None, metavar="I",
                        help="this worker's index (default: from SLURM_ARRAY_TASK_ID or JOB_COMPLETION_INDEX)")
-    fleet.add_argument("--worker-count", type=int, default=None, metavar="N",
+    fleet.add_argument("--worker-count", type=option_count, default=None, metavar="N",
                        help="how many workers (default: SLURM_ARRAY_TASK_COUNT, or env EVALD_WORKER_COUNT)")
+    fleet.add_argument("--fleet-key", metavar="FILE", default=os.environ.get("EVALD_FLEET_KEY_FILE") or None,
+                       help="the key that seals the fleet's files (env EVALD_FLEET_KEY_FILE; default: the run's own "
+                            "RUN_DIR/fleet.key, created by the first worker or --plan: workers and merge running as "
+                            "the run's user need nothing)")
     fleet.add_argument("--plan", action="store_true", help="only fix the fleet's plan (the missing cells) and exit")
     fleet.add_argument("--merge", action="store_true",
                        help="take the fleet's finished cells into the run's ledger, each once, and write their "
@@ -90,22 +115,39 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
                   environ: Mapping[str, str] = os.environ) -> int:
     """A fleet worker, ``--plan`` or ``--merge`` (``args``: evald backfill's, with --fleet-dir)."""
     from evald.daemon.fleet import FleetError, fleet_plan, make_plan, run_worker
-    from evald.daemon.fleet_cells import PLAN_FILE, FleetFileError
+    from evald.daemon.fleet_cells import PLAN_FILE, FleetFileError, plan_exists
+    from evald.daemon.fleet_key import FleetKeyError, fleet_key
 
     fleet_dir = Path(args.fleet_dir)
     prog = "evald backfill"
     if args.merge:
         from evald.daemon.fleet_merge import merge
 
-        report = merge(fleet_dir, path)
+        try:
+            key = fleet_key(path, args.fleet_key, create=False)   # the merge never makes one: nothing it made sealed a file
+            report = merge(fleet_dir, path, key)
+        except (FleetKeyError, FleetFileError) as exc:    # no key, no usable plan
+            print(f"{prog} --merge: {exc}; nothing was taken", file=sys.stderr)
+            return 2
+        except OSError as exc:    # the run directory's side: a full or read-only disk
+            print(f"{prog} --merge: stopped: {exc}; the cells taken before are in the ledger, run it again once "
+                  f"this is fixed", file=sys.stderr)
+            return 2
         print(f"{prog} --merge: {report.describe()}")
+        for line in report.details():
+            print(f"  {line}", file=sys.stderr)
         return 1 if report.missing or report.bad or report.conflicts else 0
     if not args.suite:
         print(f"{prog}: give --suite (repeatable) for a worker or --plan", file=sys.stderr)
         return 2
     try:
+        key = fleet_key(path, args.fleet_key, create=True)    # the run's own, made by whichever worker comes first
+    except FleetKeyError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    try:
         candidate = None
-        if not (fleet_dir / PLAN_FILE).exists():
+        if not plan_exists(fleet_dir):
             from evald.cli.status import ReadOnlyLedger
             from evald.daemon.run_dir import LEDGER_FILE
 
@@ -114,7 +156,7 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
                 candidate = make_plan(ledger, ckpt_dir, args.suite, span, args.every)
             finally:
                 ledger.close()
-        plan = fleet_plan(fleet_dir, args.suite, candidate)
+        plan = fleet_plan(fleet_dir, args.suite, candidate, key)
     except (FleetError, FleetFileError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -134,8 +176,8 @@ def fleet_command(args: argparse.Namespace, path: Path, ckpt_dir: Path, span: tu
     print(f"{prog}: worker {which.index} of {which.count} ({which.source}): "
           f"{len(plan.share(which.index, which.count))} of {len(plan.snapshots)} checkpoint(s)", flush=True)
     try:
-        report = run_worker(config, ckpt_dir, fleet_dir, plan, which.index, which.count)
-    except FleetError as exc:
+        report = run_worker(config, ckpt_dir, fleet_dir, plan, which.index, which.count, key)
+    except (FleetError, FleetFileError) as exc:   # FleetFileError: a link or FIFO where it writes its journal or cells
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     print(f"{prog}: {report.describe()}", flush=True)

@@ -10,8 +10,9 @@
 - ``eval_group.py``: several devices: evald started under msrun, one process per device
 - ``logs.py``: log lines for people or for log shippers
 - ``fleet.py``, ``fleet_cells.py``, ``fleet_merge.py``: a backfill fleet's worker (its share of the plan,
-  each snapshot loaded once), the hand-over files it writes (sealed, atomic), and their merge into the
-  ledger, each cell exactly once
+  each snapshot loaded once), the hand-over files it writes (sealed, atomic, read under the one rule),
+  and their merge into the ledger, each cell exactly once; ``fleet_key.py``: the run's key that seals
+  them; ``fleet_check.py``: a cell checked against the plan and its suite before anything is written
 - ``serving.py``: ``--serve``: the HTTP endpoint (evald.serve) started, fed the network, its jobs run
   between evaluation batches and between evaluations
 

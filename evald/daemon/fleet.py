@@ -11,7 +11,7 @@ It never writes the ledger: ``evald backfill --merge`` (evald.daemon.fleet_merge
 in exactly once. Killed at any point, it loses at most the cell it was running: a rerun of its
 index skips the cells whose files exist and finishes the share.
 
-May import: ledger, pipeline, config, contracts, and the daemon's fleet_cells, suite_turn.
+May import: ledger, pipeline, config, contracts, and the daemon's fleet_cells, fleet_key, suite_turn.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Sequence
 
 from evald.config import EvaldConfig
 from evald.daemon.fleet_cells import Journal, Plan, Snapshot, cell_done, publish_plan, write_cell
+from evald.daemon.fleet_key import FleetKey
 from evald.daemon.suite_turn import _samples_text, backfill_steps
 from evald.ledger.ledger import EVALUATED, Ledger, Step
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
@@ -37,8 +38,9 @@ class FleetError(RuntimeError):
 
 def make_plan(ledger: Ledger, ckpt_dir: Path, suites: Sequence[str], span: tuple[int, int] | None,
               every: int | None) -> Plan:
-    """The retained checkpoints that lack a current evaluated cell of any of ``suites``."""
-    rows = {row.step: row for row in ledger.steps(EVALUATED)}
+    """The retained checkpoints that lack a current evaluated cell of any of ``suites`` (a step the lag policy
+    skipped included: a suite's cell does not need the step's validation)."""
+    rows = {row.step: row for row in ledger.steps()}
     snapshots = []
     for step in backfill_steps(ledger, ckpt_dir, span, every):
         missing = tuple(s for s in sorted(suites) if (cell := ledger.cell(step, s)) is None
@@ -49,14 +51,14 @@ def make_plan(ledger: Ledger, ckpt_dir: Path, suites: Sequence[str], span: tuple
     return Plan(tuple(sorted(suites)), tuple(snapshots))
 
 
-def fleet_plan(fleet_dir: Path, suites: Sequence[str], candidate: Plan | None) -> Plan:
-    """The fleet's plan: the one in ``fleet_dir``, else ``candidate`` published as it."""
-    from evald.daemon.fleet_cells import PLAN_FILE, read_plan
+def fleet_plan(fleet_dir: Path, suites: Sequence[str], candidate: Plan | None, key: FleetKey) -> Plan:
+    """The fleet's plan: the one in ``fleet_dir``, else ``candidate`` published as it (sealed with ``key``)."""
+    from evald.daemon.fleet_cells import PLAN_FILE, plan_exists, read_plan
 
-    if (fleet_dir / PLAN_FILE).exists() or candidate is None:
-        plan = read_plan(fleet_dir)
+    if plan_exists(fleet_dir) or candidate is None:
+        plan = read_plan(fleet_dir, key)
     else:
-        plan = publish_plan(fleet_dir, candidate)
+        plan = publish_plan(fleet_dir, candidate, key)
     if set(plan.suites) != set(suites):
         raise FleetError(f"{fleet_dir / PLAN_FILE} is the plan of suite(s) {', '.join(plan.suites)}, not "
                          f"{', '.join(sorted(suites))}: give each backfill its own --fleet-dir")
@@ -82,8 +84,8 @@ class WorkerReport:
 
 
 def run_worker(config: EvaldConfig, ckpt_dir: Path, fleet_dir: Path, plan: Plan, index: int,
-               count: int) -> WorkerReport:
-    """Evaluate worker ``index``'s share of ``plan``; each finished cell written as a file."""
+               count: int, key: FleetKey) -> WorkerReport:
+    """Evaluate worker ``index``'s share of ``plan``; each finished cell written as a file sealed with ``key``."""
     report = WorkerReport(index, count)
     share = plan.share(index, count)
     report.snapshots = len(share)
@@ -93,12 +95,12 @@ def run_worker(config: EvaldConfig, ckpt_dir: Path, fleet_dir: Path, plan: Plan,
     for snapshot in share:
         if pipeline is None:   # built only when some cell is left: a finished index exits in a second
             pipeline = _built(config, plan)
-            todo = _todo(pipeline, fleet_dir, snapshot)
+            todo = _todo(pipeline, fleet_dir, snapshot, key)
             if not todo:
                 report.already += len(snapshot.suites)
                 continue
         else:
-            todo = _todo(pipeline, fleet_dir, snapshot)
+            todo = _todo(pipeline, fleet_dir, snapshot, key)
         report.already += len(snapshot.suites) - len(todo)
         if not todo:
             continue
@@ -108,7 +110,7 @@ def run_worker(config: EvaldConfig, ckpt_dir: Path, fleet_dir: Path, plan: Plan,
             if pipeline.loaded_step != snapshot.step:   # evaluate_suite swaps the weights in exactly then
                 report.loads += 1
                 journal.note("load", step=snapshot.step)
-            _run_cell(pipeline, ckpt_dir, fleet_dir, row, suite, report, journal)
+            _run_cell(pipeline, ckpt_dir, fleet_dir, row, suite, report, journal, key)
     journal.note("done", report=report.describe())
     return report
 
@@ -127,12 +129,13 @@ def _built(config: EvaldConfig, plan: Plan, pipeline: Pipeline | None = None) ->
     return pipeline
 
 
-def _todo(pipeline: Pipeline, fleet_dir: Path, snapshot: Snapshot) -> list[str]:
-    return [s for s in snapshot.suites if not cell_done(fleet_dir, s, snapshot.step, pipeline.suites[s].cell_identity)]
+def _todo(pipeline: Pipeline, fleet_dir: Path, snapshot: Snapshot, key: FleetKey) -> list[str]:
+    return [s for s in snapshot.suites
+            if not cell_done(fleet_dir, s, snapshot.step, pipeline.suites[s].cell_identity, key)]
 
 
 def _run_cell(pipeline: Pipeline, ckpt_dir: Path, fleet_dir: Path, row: Step, suite: str, report: WorkerReport,
-              journal: Journal) -> None:
+              journal: Journal, key: FleetKey) -> None:
     runner = pipeline.suites[suite]
     started = time.time()
     outcome = pipeline.evaluate_suite(suite, ckpt_dir, row)
@@ -146,12 +149,12 @@ def _run_cell(pipeline: Pipeline, ckpt_dir: Path, fleet_dir: Path, row: Step, su
             "tasks": {task: {"metrics": r.metrics, "samples": r.samples} for task, r in result.tasks.items()},
             "samples_text": _samples_text(result),
             "timing": {"evaluate_s": result.evaluate_s, "load_s": outcome.load_s,
-                       "compiled_graphs": result.compiled_graphs, "tokens": result.tokens}})
+                       "compiled_graphs": result.compiled_graphs, "tokens": result.tokens}}, key)
         report.evaluated.append((suite, row.step))
         journal.note("cell", suite=suite, step=row.step, state=EVALUATED, seconds=time.time() - started)
         log.info("worker %d: step %d suite %s evaluated", report.index, row.step, suite)
     elif isinstance(outcome, Failed):
-        write_cell(fleet_dir, {**base, "state": outcome.state, "reason": outcome.reason})
+        write_cell(fleet_dir, {**base, "state": outcome.state, "reason": outcome.reason}, key)
         report.failed.append((suite, row.step, outcome.reason))
         journal.note("cell", suite=suite, step=row.step, state=outcome.state)
         log.error("worker %d: step %d suite %s not evaluated (%s): %s", report.index, row.step, suite,

@@ -29,7 +29,7 @@ from evald.contracts.partition import source_exists
 from evald.decisions.decisions import Decisions, Outcome
 from evald.decisions.monitor_targets import parse_suite_monitor
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
-from evald.ledger.schema import Cell
+from evald.ledger.schema import BACKFILL_REQUESTS, DROPPED, MALFORMED, Cell
 from evald.ledger.samples import SampleFileError, samples_of, write_samples
 from evald.pipeline.pipeline import EvaluationPipeline, Failed, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
@@ -43,7 +43,7 @@ if TYPE_CHECKING:   # the runner imports lm-eval; suite_turn runs without a suit
 log = logging.getLogger("evald")
 
 SAMPLES_SHOWN = 3          # documents per task in the TensorBoard text of a step
-BACKFILL_KEY = "backfill_requests"   # kv: requests from `evald backfill` not yet queued
+BACKFILL_KEY = BACKFILL_REQUESTS      # kv: requests from `evald backfill` not yet queued
 SINCE_KEY = "suites_since"           # kv: {suite: the first step it covers without a backfill}
 TOKENIZER_KEY = "tokenizer_sha256"   # kv: the tokenizer this run's benchmarks use (one per run)
 
@@ -146,27 +146,23 @@ def backfill_steps(ledger: Ledger, ckpt_dir: Path, steps: tuple[int, int] | None
 
 
 def take_backfill_requests(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path | None = None) -> int:
-    """Queue the cells `evald backfill` asked for (kv ``backfill_requests``); cells queued."""
-    requests = ledger.get_state(BACKFILL_KEY) or []
-    if not requests:
-        return 0
-    queued, left = 0, []
-    for request in requests:
-        runner = pipeline.suites.get(request["suite"])
-        if runner is None and (request["suite"] in pipeline.suite_errors or request["suite"] in pipeline.suites_pending):
-            left.append(request)     # configured but not built (yet, or until it is fixed): kept
-            continue
-        if runner is None:           # no such suite here: said once and dropped, never kept forever
+    """Queue the cells `evald backfill` asked for (kv ``backfill_requests``), in one ledger transaction
+    (Ledger.take_backfill_requests: a request recorded meanwhile is taken or kept, never overwritten); cells
+    queued. A request for a suite configured but not built (yet, or until it is fixed) is kept."""
+    identities = {name: runner.cell_identity for name, runner in pipeline.suites.items()}
+    keep = {*pipeline.suite_errors, *pipeline.suites_pending}
+    queued = 0
+    for taken in ledger.take_backfill_requests(identities, keep):
+        if taken.outcome == DROPPED:     # no such suite here: said once and dropped, never kept forever
             log.error("backfill of suite %r dropped: this evald has no such suite (its suites: %s); configure it "
-                      "([suites.NAME]) and run evald backfill again", request["suite"],
-                      ", ".join(sorted(pipeline.suites)) or "none")
-            continue
-        steps = request.get("steps")
-        these = len(ledger.queue_cells(request["suite"], runner.cell_identity, steps))
-        queued += these
-        log.info("backfill of suite %s: %d cell(s) queued of %d retained step(s) (the others have one)",
-                 request["suite"], these, len(steps))
-    ledger.put_state(BACKFILL_KEY, left)
+                      "([suites.NAME]) and run evald backfill again", taken.suite, ", ".join(sorted(identities))
+                      or "none")
+        elif taken.outcome == MALFORMED:
+            log.error("a backfill request in the ledger is not {suite, steps} (%s): dropped", taken.suite)
+        elif taken.outcome == QUEUED:
+            queued += len(taken.queued)
+            log.info("backfill of suite %s: %d cell(s) queued of %d retained step(s) (the others have one)",
+                     taken.suite, len(taken.queued), len(taken.steps))
     return queued
 
 

@@ -38,13 +38,13 @@ import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence, TypeVar
 
 from evald.ledger.disk_full import DiskWait
 from evald.ledger.schema import (  # noqa: F401 - the row types and states are the ledger's interface
     SCHEMA, STEP_COLUMNS, ADMITTED, DELETED, DUPLICATE, EVALUATED, EVALUATING, FAILED, FINAL_STATES, QUEUED, REJECTED, REPLACED,
     SCHEMA_VERSION, SKIPPED, USED, Record, Step, Taken, step_from_row, CELL_COLUMNS, SUITE_PREFIX, SUPERSEDED_TAG,
-    VALIDATION, Cell, cell_from_row)
+    VALIDATION, Cell, cell_from_row, BACKFILL_REQUESTS, BackfillTaken, DROPPED, KEPT, MALFORMED)
 from evald.ledger.skips import TAG as SKIP_TAG, for_state as skip_text_for, lag_scalars
 
 T = TypeVar("T")
@@ -238,14 +238,59 @@ class Ledger:
         --step, evald backfill): the caller chooses ``steps``."""
         with self._transaction() as db:
             failed = (FAILED, DELETED)
-            db.executemany("UPDATE steps SET state=?, reason=?, found_via='retry', attempts=0, finished_at=NULL"
-                           " WHERE step=? AND state IN (?,?,?)", [(QUEUED, reason, s, *failed, SKIPPED)
-                                                                   for s in steps])
+            self._requeue(db, steps, reason)
             db.executemany("DELETE FROM steps WHERE step=? AND state IN (?,?)", [(s, *failed) for s in forget_steps])
             db.executemany("DELETE FROM files WHERE name=?", [(name,) for name in forget_files])
             if counter:
                 kv = {**(kv or {}), counter: self.get_state(counter, 0) + 1}
             _put(db, kv)
+
+    @staticmethod
+    def _requeue(db: sqlite3.Connection, steps: Sequence[int], reason: str) -> None:
+        db.executemany("UPDATE steps SET state=?, reason=?, found_via='retry', attempts=0, finished_at=NULL"
+                       " WHERE step=? AND state IN (?,?,?)", [(QUEUED, reason, s, FAILED, DELETED, SKIPPED)
+                                                               for s in steps])
+
+    # -- `evald backfill`'s requests: recorded by the command, taken by the evald serving the run ----------
+
+    @durable
+    def add_backfill_request(self, suite: str, steps: Sequence[int], *, revalidate: Sequence[int] = (),
+                             reason: str = "re-queued by evald backfill") -> None:
+        """`evald backfill --suite`'s request, at once: the ``revalidate`` steps (skipped by the lag policy)
+        queued again and ``{suite, steps}`` appended to kv ``backfill_requests``. The list is read and written
+        inside this one transaction, so a request taken or recorded meanwhile by another process (the evald
+        serving the run) is never overwritten."""
+        with self._transaction() as db:
+            self._requeue(db, revalidate, reason)
+            requests = _kv(db, BACKFILL_REQUESTS) or []
+            _put(db, {BACKFILL_REQUESTS: [*requests, {"suite": suite, "steps": [int(s) for s in steps]}]})
+
+    @durable
+    def take_backfill_requests(self, identities: Mapping[str, str], keep: Collection[str]) -> list[BackfillTaken]:
+        """Every recorded backfill request taken, at once (like take_found): a request for a suite of
+        ``identities`` (suite -> its cell identity) has its missing cells queued; one for a suite in ``keep``
+        (configured, not built yet) stays recorded; any other is dropped. What became of each, in order."""
+        identities, keep = dict(identities), set(keep)   # the caller's views read before the transaction
+        taken: list[BackfillTaken] = []
+        if not self._db.execute("SELECT 1 FROM kv WHERE key=? AND value NOT IN ('[]', 'null')",
+                                (BACKFILL_REQUESTS,)).fetchone():
+            return taken    # the common turn: nothing asked, nothing written (a request recorded now waits a turn)
+        with self._transaction() as db:
+            left = []
+            for request in _kv(db, BACKFILL_REQUESTS) or []:
+                suite, steps = _request_fields(request)
+                if suite is None:
+                    taken.append(BackfillTaken(str(request)[:200], (), MALFORMED))
+                elif suite in identities:
+                    queued = self._queue_cells(db, suite, identities[suite], steps)
+                    taken.append(BackfillTaken(suite, steps, QUEUED, tuple(queued)))
+                elif suite in keep:
+                    left.append(request)
+                    taken.append(BackfillTaken(suite, steps, KEPT))
+                else:
+                    taken.append(BackfillTaken(suite, steps, DROPPED))
+            _put(db, {BACKFILL_REQUESTS: left})
+        return taken
 
     @durable
     def recover_interrupted(self, max_attempts: int) -> list[Step]:
@@ -321,14 +366,18 @@ class Ledger:
     @durable
     def queue_cells(self, suite: str, identity: str, steps: Sequence[int]) -> list[int]:
         """Queue the suite's cell of each step that has no current one; the steps queued."""
-        evaluation, now, queued = SUITE_PREFIX + suite, time.time(), []
         with self._transaction() as db:
-            for step in steps:
-                if db.execute("SELECT 1 FROM cells WHERE step=? AND evaluation=? AND superseded_by IS NULL",
-                              (step, evaluation)).fetchone() is None:
-                    db.execute("INSERT INTO cells(step, evaluation, identity, state, created_at) VALUES (?,?,?,?,?)",
-                               (step, evaluation, identity, QUEUED, now))
-                    queued.append(step)
+            return self._queue_cells(db, suite, identity, steps)
+
+    @staticmethod
+    def _queue_cells(db: sqlite3.Connection, suite: str, identity: str, steps: Sequence[int]) -> list[int]:
+        evaluation, now, queued = SUITE_PREFIX + suite, time.time(), []
+        for step in steps:
+            if db.execute("SELECT 1 FROM cells WHERE step=? AND evaluation=? AND superseded_by IS NULL",
+                          (step, evaluation)).fetchone() is None:
+                db.execute("INSERT INTO cells(step, evaluation, identity, state, created_at) VALUES (?,?,?,?,?)",
+                           (step, evaluation, identity, QUEUED, now))
+                queued.append(step)
         return queued
 
     @durable
@@ -558,6 +607,21 @@ def _skip_record(db: sqlite3.Connection, step: int, text: str, now: float, wall_
     return Record("eval", step, wall_time or now, lag_scalars(step, newest, commit, now), {SKIP_TAG: text})
 
 
+
+
+def _kv(db: sqlite3.Connection, key: str) -> Any:
+    row = db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+    return json.loads(row[0]) if row else None
+
+
+def _request_fields(request: Any) -> tuple[str | None, tuple[int, ...]]:
+    """A recorded backfill request's suite and steps; (None, ()) when it is not ``{suite: str, steps: [int]}``."""
+    if not isinstance(request, dict) or not isinstance(request.get("suite"), str):
+        return None, ()
+    steps = request.get("steps") or []
+    if not isinstance(steps, list) or not all(type(s) is int for s in steps):
+        return None, ()
+    return request["suite"], tuple(steps)
 
 
 def _put(db: sqlite3.Connection, kv: Mapping[str, Any] | None) -> None:

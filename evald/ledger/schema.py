@@ -36,6 +36,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS cells_current ON cells(step, evaluation) WHERE
 CREATE INDEX IF NOT EXISTS cells_state ON cells(state, step);
 """
 VALIDATION = "validation"   # the evaluation name of the default validation's superseded results
+BACKFILL_REQUESTS = "backfill_requests"   # kv: `evald backfill`'s requests not yet queued (Ledger.add/take_backfill_...)
+KEPT, DROPPED, MALFORMED = "kept", "dropped", "malformed"   # what Ledger.take_backfill_requests did (or QUEUED)
 SUITE_PREFIX = "suite:"     # + the suite's name: a suite's cells
 SUPERSEDED_TAG = "evald/superseded"
 
@@ -61,6 +63,15 @@ class Taken:
     skip_reason: str | None = None     # ADMITTED as skipped by the lag policy, and why
     existing: Step | None = None       # the step's row before (REPLACED, DUPLICATE)
     reason: str | None = None          # DUPLICATE: why the file is not read
+
+
+@dataclass(frozen=True)
+class BackfillTaken:
+    """What Ledger.take_backfill_requests did with one recorded request."""
+    suite: str
+    steps: tuple[int, ...]             # the retained steps it asked for
+    outcome: str                       # QUEUED, KEPT (its suite is not built yet), DROPPED (no such suite), MALFORMED
+    queued: tuple[int, ...] = ()       # QUEUED: the steps whose cell was queued (the others had one)
 
 
 @dataclass(frozen=True)

@@ -48,10 +48,17 @@ def _journal(fleet: Path) -> list[dict]:
     return journal_events(fleet)
 
 
-def _cell_bodies(fleet: Path) -> dict[int, dict]:
-    from evald.daemon.fleet_cells import cell_files, read_cell
+def _cell_bodies(fleet: Path, ckpt: Path) -> dict[int, dict]:
+    """The fleet's cells, their seals checked with the run's key (RUN_DIR/fleet.key, made by the first worker)."""
+    from evald.daemon.fleet_cells import read_cell, scan_cells
+    from evald.daemon.fleet_key import FleetKeyError, fleet_key
 
-    return {read_cell(p)["step"]: read_cell(p) for p in cell_files(fleet)}
+    try:
+        key = fleet_key(run_dir(ckpt), None, create=False)
+    except FleetKeyError:
+        return {}       # no worker has started yet
+    bodies = [read_cell(fleet, relative, key) for relative in scan_cells(fleet).cells]
+    return {body["step"]: body for body in bodies}
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +89,11 @@ def fleet_run(tmp_path_factory):
 
         def loaded_mid_cell():   # worker 1 swapped a snapshot in and has not written that cell yet
             loads = [e["step"] for e in _journal(fleet) if e["worker"] == 1 and e["event"] == "load"]
-            return bool(loads) and loads[-1] not in _cell_bodies(fleet) and loads[-1]
+            return bool(loads) and loads[-1] not in _cell_bodies(fleet, ckpt) and loads[-1]
         killed_at = wait_for(loaded_mid_cell, 900, "worker 1 evaluating a cell", interval=0.02)
         workers[1].signal(signal.SIGKILL)
         workers[1].wait(30)
-        killed_mid_cell = killed_at not in _cell_bodies(fleet)
+        killed_mid_cell = killed_at not in _cell_bodies(fleet, ckpt)
 
         single = tmp / "fleet-single"    # the same cells from one worker, meanwhile
         one = _worker(tmp, ckpt, single, config, 0, 1, "single")
@@ -105,7 +112,7 @@ def fleet_run(tmp_path_factory):
 def test_three_workers_a_sigkill_and_a_rerun_give_every_cell_once(fleet_run):
     ckpt, fleet = fleet_run["ckpt"], fleet_run["fleet"]
     assert fleet_run["killed_mid_cell"], "worker 1 was not killed mid-cell"
-    bodies = _cell_bodies(fleet)
+    bodies = _cell_bodies(fleet, ckpt)
     assert sorted(bodies) == STEPS and all(b["state"] == "evaluated" for b in bodies.values())
 
     merged = _evald("backfill", "--ckpt-dir", str(ckpt), "--fleet-dir", str(fleet), "--merge")
@@ -150,7 +157,7 @@ def test_three_workers_a_sigkill_and_a_rerun_give_every_cell_once(fleet_run):
 
 
 def test_one_worker_and_three_give_the_same_cells(fleet_run):
-    three, one = _cell_bodies(fleet_run["fleet"]), _cell_bodies(fleet_run["single"])
+    three, one = _cell_bodies(fleet_run["fleet"], fleet_run["ckpt"]), _cell_bodies(fleet_run["single"], fleet_run["ckpt"])
     assert sorted(one) == STEPS
     for step in STEPS:
         assert one[step]["tasks"] == three[step]["tasks"]           # per-sample records equal, document by document
@@ -198,7 +205,7 @@ def test_export_is_read_by_lm_evals_and_every_eval_evers_own_tools(fleet_run):
     done = _evald("export", "--ckpt-dir", str(ckpt), "--config", str(config), "--out", str(out), "--step", "30",
                   "--step", "80", env={"HF_HOME": str(tmp / "hf")})
     assert done.returncode == 0, done.stdout + done.stderr
-    digests = {s: _cell_bodies(fleet_run["fleet"])[s]["provenance"]["weights_sha256"] for s in (30, 80)}
+    digests = {s: _cell_bodies(fleet_run["fleet"], ckpt)[s]["provenance"]["weights_sha256"] for s in (30, 80)}
 
     # lm-eval's files, found and read by lm-eval's own helpers
     from lm_eval.utils import get_latest_filename, get_results_filenames, get_sample_results_filenames, make_table

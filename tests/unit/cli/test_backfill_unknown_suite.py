@@ -84,9 +84,12 @@ def test_a_fleet_merge_needs_no_suite_and_a_fleet_worker_does(tmp_path, capsys):
     """The Slurm recipe's merge step (deploy/fleet/backfill_array.sbatch merge) gives no --suite: the fleet
     directory's plan names them. Since --suite became optional (the validation's backfill), the merge was
     refused ('a fleet backfills suites: give --suite', exit 2) and the fleet e2e tests failed."""
+    from evald.daemon.fleet_cells import Plan, publish_plan
+    from evald.daemon.fleet_key import fleet_key
+
     run_dir = _run(tmp_path)
     fleet = tmp_path / "fleet"
-    fleet.mkdir()
+    publish_plan(fleet, Plan(("mc",), ()), fleet_key(run_dir, None, create=True))   # as a first worker leaves it
     code = command("backfill", ["--run-dir", str(run_dir), "--ckpt-dir", str(tmp_path), "--fleet-dir", str(fleet),
                                 "--merge"])
     assert code == 0 and "0 cell(s) taken in" in capsys.readouterr().out   # an empty fleet: nothing to take in

@@ -3,44 +3,30 @@ per-sample files and its TensorBoard points at its own step; missing, torn and c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from evald.daemon.fleet_cells import Plan, Snapshot, cell_path, publish_plan, write_cell
 from evald.daemon.fleet_merge import merge
 from evald.ledger.ledger import EVALUATED, Ledger
 from tests.harness import raw_scalar_steps
-
-IDENTITY = "e" * 64
-
-
-def _body(step: int, acc: float) -> dict:
-    samples = [{"doc_id": i, "target": "1", "resps": [[-1.0, True]], "metrics": {"acc": float(i % 2)}} for i in range(3)]
-    return {"suite": "mc", "step": step, "cell_identity": IDENTITY, "state": EVALUATED, "commit_time": 1000.0 + step,
-            "identity": {"suite": "mc", "lm_eval": "0.4.13"}, "identity_sha256": "f" * 64,
-            "provenance": {"weights_sha256": "ab" * 32}, "scalars": {"mc/t/acc": acc, "mc/t/acc_stderr": 0.1},
-            "tasks": {"t": {"metrics": {"acc": acc, "acc_stderr": 0.1}, "samples": samples}},
-            "samples_text": "doc 0", "timing": {"evaluate_s": 1.0, "load_s": 0.1, "compiled_graphs": 2}}
+from tests.unit.daemon.fleet_files import body, make_run, run_key
 
 
-def _run(tmp_path: Path) -> Path:
-    run = tmp_path / "run"
-    run.mkdir()
-    Ledger(run / "ledger.sqlite").close()
-    return run
+def _plan(fleet, key, steps=(10, 20, 30)):
+    publish_plan(fleet, Plan(("mc",), tuple(Snapshot(s, f"step_{s}", "evald", None, ("mc",)) for s in steps)), key)
 
 
 def test_each_cell_is_taken_in_once_with_its_points_at_its_step(tmp_path):
-    run, fleet = _run(tmp_path), tmp_path / "fleet"
-    publish_plan(fleet, Plan(("mc",), tuple(Snapshot(s, f"step_{s}", "evald", None, ("mc",)) for s in (30, 10, 20))))
+    run, fleet = make_run(tmp_path), tmp_path / "fleet"
+    key = run_key(run)
+    _plan(fleet, key, (30, 10, 20))
     for step in (30, 10):
-        write_cell(fleet, _body(step, step / 100))
-    first = merge(fleet, run)
+        write_cell(fleet, body(step, step / 100), key)
+    first = merge(fleet, run, key)
     assert sorted(first.taken) == [("mc", 10), ("mc", 30)] and first.missing == [("mc", 20)] and first.written == 2
     assert raw_scalar_steps(run, "eval/mc/t/acc") == [10, 30]
-    write_cell(fleet, _body(20, 0.2))            # the rerun worker's cell
-    second = merge(fleet, run)
+    write_cell(fleet, body(20, 0.2), key)            # the rerun worker's cell
+    second = merge(fleet, run, key)
     assert second.taken == [("mc", 20)] and second.already == 2 and not second.missing
-    assert merge(fleet, run).already == 3                                   # a merge again writes nothing
+    assert merge(fleet, run, key).already == 3                                   # a merge again writes nothing
     assert raw_scalar_steps(run, "eval/mc/t/acc") == [10, 20, 30]          # one point per step
     ledger = Ledger(run / "ledger.sqlite")
     assert [(c.step, c.state, c.metrics["mc/t/acc"]) for c in ledger.cells(suite="mc")] == [
@@ -50,16 +36,18 @@ def test_each_cell_is_taken_in_once_with_its_points_at_its_step(tmp_path):
 
 
 def test_a_torn_file_and_another_identity_are_refused_not_merged(tmp_path):
-    run, fleet = _run(tmp_path), tmp_path / "fleet"
-    write_cell(fleet, _body(10, 0.1))
-    merge(fleet, run)
-    path = cell_path(fleet, "mc", 20, IDENTITY)
-    write_cell(fleet, _body(20, 0.2))
+    run, fleet = make_run(tmp_path), tmp_path / "fleet"
+    key = run_key(run)
+    _plan(fleet, key)
+    write_cell(fleet, body(10, 0.1), key)
+    merge(fleet, run, key)
+    path = write_cell(fleet, body(20, 0.2), key)
     path.write_text(path.read_text()[:-30])
-    other = dict(_body(10, 0.9), cell_identity="9" * 64)
-    write_cell(fleet, other)
-    report = merge(fleet, run)
+    write_cell(fleet, body(10, 0.9, network="9" * 16), key)
+    report = merge(fleet, run, key)
     assert len(report.bad) == 1 and "step_20" in report.bad[0] and len(report.conflicts) == 1 and not report.taken
+    assert any("step_20" in line and "not JSON" in line for line in report.details())
     ledger = Ledger(run / "ledger.sqlite")
     assert [(c.step, c.metrics["mc/t/acc"]) for c in ledger.cells(suite="mc")] == [(10, 0.1)]
     ledger.close()
+    assert cell_path(fleet, "mc", 20, body(20)["cell_identity"]).exists()     # reported, left for the user
