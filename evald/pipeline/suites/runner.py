@@ -3,7 +3,8 @@
 A ``SuiteRunner`` is built once per suite (``[suites.NAME]``, evald.config.options.SuiteOptions)
 beside the validation Evaluator, on the same network: it loads the suite's tasks through lm-eval's
 ``TaskManager(include_path=...)``, draws each task's fixed, seeded subset of documents (passed to
-lm-eval as ``samples=`` doc indices, so every checkpoint sees the same documents), computes the
+lm-eval as ``samples=`` doc indices, so every checkpoint sees the same documents; evald and lm-eval read
+them by index, ``documents_by_index``, never the whole dataset), computes the
 suite's identity, and compiles its TokenScorer's buckets. ``run()`` then scores the weights the
 network holds now through ``lm_eval.simple_evaluate(model=EvaldLM, ..., log_samples=True)``.
 
@@ -131,8 +132,9 @@ class SuiteRunner:
                           prefix_token=options.prefix_token)
         self.documents: dict[str, list[int]] = {}
         tasks: dict[str, Any] = {}
+        documents_by_index()
         for task_name, task in sorted(loaded.items()):
-            docs = list(task.eval_docs)
+            docs = task.eval_docs   # read by index: the chosen documents only, never the whole dataset
             count = len(docs)
             if count == 0:
                 raise ValueError(f"suite {name}: task {task_name} has no evaluation documents")
@@ -225,6 +227,35 @@ class SuiteRunner:
             raise NonFiniteScores(self.name, broken, nonfinite)
         return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
                            self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
+
+
+def documents_by_index() -> None:
+    """lm-eval's ``samples=`` path walks every document of a task and tests each index against the list of
+    samples (``i in samples``): O(documents x samples) at each evaluation, 10**8 documents walked for a
+    limit of 4. It yields the chosen documents in index order, numbered 0, 1, ... (mapped back through the
+    sorted samples by its evaluator). This reads the same documents by index, in the same order and with
+    the same numbers, so a suite's evaluation reads in proportion to its limit; anything else (no samples,
+    a sample out of range, documents without indexing) takes lm-eval's own path. Installed once."""
+    from lm_eval import utils
+    from lm_eval.api.task import Task
+
+    walking = Task.doc_iterator
+    if getattr(walking, "evald_by_index", False):
+        return
+
+    def doc_iterator(self: Any, *, rank: int = 0, limit: int | None = None, world_size: int = 1,
+                     samples: list[int] | None = None) -> Any:
+        docs = self.eval_docs if samples else None
+        if not samples or not hasattr(docs, "__getitem__"):
+            return walking(self, rank=rank, limit=limit, world_size=world_size, samples=samples)
+        chosen = sorted({int(i) for i in samples})
+        if chosen[0] < 0 or chosen[-1] >= len(docs):
+            return walking(self, rank=rank, limit=limit, world_size=world_size, samples=samples)
+        return utils.create_iterator(enumerate(docs[i] for i in chosen), rank=int(rank), limit=None,
+                                     world_size=int(world_size))
+
+    doc_iterator.evald_by_index = True  # type: ignore[attr-defined]
+    Task.doc_iterator = doc_iterator
 
 
 def quiet_lm_eval_git() -> None:
