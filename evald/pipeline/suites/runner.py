@@ -30,6 +30,7 @@ May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -155,7 +156,8 @@ class SuiteRunner:
         # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
         self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self._started, self._ready = started, False
-        self._plan_buckets()
+        with self._naming_empty_documents():
+            self._plan_buckets()
         # the graphs: compiled by warm_next, one a call, or by warm_up. Only what the tasks run: forks help
         # log-likelihood choices, generation graphs serve generate_until (a bits-per-byte suite needs neither)
         kinds = {task["output_type"] for task in tasks.values()}
@@ -189,6 +191,23 @@ class SuiteRunner:
             task_manager=self.task_manager, bootstrap_iters=bootstrap_iters, random_seed=seed,
             numpy_random_seed=seed, fewshot_random_seed=seed)
 
+    @contextlib.contextmanager
+    def _naming_empty_documents(self) -> Iterator[None]:
+        """An EmptyDocument from the adapter as a ValueError naming the task and the document's index in it
+        (lm-eval numbers the selected documents 0, 1, ...; ``documents`` maps them back)."""
+        from evald.pipeline.suites.lm_adapter import EmptyDocument
+
+        try:
+            yield
+        except EmptyDocument as exc:
+            chosen = self.documents.get(str(exc.task), [])
+            where = f"task {exc.task}"
+            if exc.document is not None:
+                index = chosen[exc.document] if 0 <= exc.document < len(chosen) else exc.document
+                where += f", document {index} (of its {self.identity['tasks'].get(exc.task, {}).get('documents', '?')})"
+            raise ValueError(f"{where}: {exc.what}; fix or drop that document (e.g. a process_docs that leaves it "
+                             f"out) and start evald again") from None
+
     def warm_next(self) -> bool:
         """Compile the next of the suite's graphs (seconds each, so evald can validate a checkpoint between two
         of them); True once every graph is compiled and the suite is ready."""
@@ -211,7 +230,8 @@ class SuiteRunner:
 
         started, before = time.time(), self.scorer.stats.real_tokens
         nonfinite_before = self.lm.counts.nonfinite
-        out = self._evaluate(self.lm, log_samples=True, bootstrap_iters=1000)
+        with self._naming_empty_documents():
+            out = self._evaluate(self.lm, log_samples=True, bootstrap_iters=1000)
         tasks = {}
         broken: dict[str, tuple[int, int]] = {}
         for task_name in self.documents:

@@ -67,3 +67,25 @@ def test_a_tokenizer_that_changes_within_a_run_is_an_error_named_as_such(ledger)
     suite_turn.on_built(ledger, changed)
     assert changed.suites == {}
     assert "tokenizer changed between checkpoints of this run" in changed.suite_errors["fast"]
+
+
+def test_the_queued_cells_of_a_suite_that_cannot_be_built_say_why(ledger, tmp_path, caplog):
+    """Issue 35: a suite whose build fails (a document with nothing to score) left its queued cells queued,
+    with no reason anywhere but one log line. Now each says why, in the ledger and `evald status`, once."""
+    from evald.cli.status import gather, render
+
+    built = _pipeline()
+    suite_turn.on_built(ledger, built)
+    for step in (10, 20):
+        _evaluate(ledger, step)
+    assert suite_turn.queue_due(ledger, built) == [("fast", 10), ("fast", 20)]
+    why = "cannot build suite fast: task t, document 9 (of its 12): the continuation '' gives no token"
+    broken = SimpleNamespace(suites={}, suite_errors={"fast": why}, suites_pending=(), validation_identity="v" * 64)
+    with caplog.at_level("ERROR", logger="evald"):
+        assert suite_turn.note_unbuildable(ledger, broken) == 2
+        assert suite_turn.note_unbuildable(ledger, broken) == 0      # said once
+    cells = ledger.cells(QUEUED, suite="fast")
+    assert [c.step for c in cells] == [10, 20] and all(c.reason == f"waiting: {why}" for c in cells)
+    assert sum("2 queued cell(s) (steps 10, 20) wait until it is fixed" in r.getMessage() for r in caplog.records) == 1
+    shown = render(gather(tmp_path))   # evald status of this run directory (its ledger.sqlite)
+    assert f"suite        fast: queued 2 (waiting: {why})" in shown, shown
