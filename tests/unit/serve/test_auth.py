@@ -30,10 +30,28 @@ def test_a_token_must_be_visible_ascii(tmp_path):
 
 
 def test_a_fifo_as_the_token_file_is_refused_at_once(tmp_path):
+    """open(2) of a FIFO without a writer blocks: evald's start hung there. Read in a thread that must end
+    within a generous 10 s (the issue's "nothing hangs"); a blocked one is released by opening the writer."""
+    import threading
+
     path = tmp_path / "token"
     os.mkfifo(path, 0o600)
-    with pytest.raises(TokenFileError, match="a FIFO"):   # open(2) of a FIFO without a writer would block
-        read_token(path)
+    outcome: list[BaseException | str] = []
+
+    def read() -> None:
+        try:
+            outcome.append(read_token(path))
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10.0)
+    if reader.is_alive():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))   # the blocked open returns; the thread ends
+        reader.join(10.0)
+        pytest.fail("reading a FIFO as the token file blocked")
+    assert isinstance(outcome[0], TokenFileError) and "a FIFO" in str(outcome[0]), outcome
 
 
 ms = pytest.importorskip("mindspore")
