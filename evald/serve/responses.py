@@ -47,7 +47,7 @@ class Served:
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     kind = {401: "authentication_error", 404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
-            429: "rate_limit_error", 503: "service_unavailable"}.get(status, "invalid_request_error")
+            429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}.get(status, "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
