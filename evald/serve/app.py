@@ -87,22 +87,24 @@ SCHEME = b"bearer "
 class BearerToken:
     """ASGI middleware: every HTTP request carries the token (see the module's docstring), or gets a 401."""
 
-    def __init__(self, app: ASGI, token: str, refused: Callable[[], None]) -> None:
-        self.app, self.refused = app, refused
-        self.digest = hashlib.sha256(token.encode("ascii")).digest()
+    def __init__(self, app: ASGI, context: "Context") -> None:
+        self.app, self.context = app, context
 
-    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+    @staticmethod
+    def authorized(headers: list[tuple[bytes, bytes]], token: str) -> bool:
         given = [value for name, value in headers if name.lower() == b"authorization"]
         if len(given) != 1 or given[0][:len(SCHEME)].lower() != SCHEME:
             return False   # none, two (which one would a proxy have checked?), or another scheme
-        return hmac.compare_digest(hashlib.sha256(given[0][len(SCHEME):]).digest(), self.digest)
+        return hmac.compare_digest(hashlib.sha256(given[0][len(SCHEME):]).digest(),
+                                   hashlib.sha256(token.encode("utf-8")).digest())
 
     async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
                        send: Callable[[Any], Awaitable[None]]) -> None:
-        if scope["type"] != "http" or self.authorized(list(scope.get("headers") or [])):
+        token = self.context.token
+        if scope["type"] != "http" or token is None or self.authorized(list(scope.get("headers") or []), token):
             await self.app(scope, receive, send)
             return
-        self.refused()
+        self.context.stats.count("refused")
         message = ("missing or wrong bearer token: send one header 'Authorization: Bearer TOKEN' with the token in "
                    "serve.token_file")
         response = JSONResponse(responses.error_body(401, message), 401,
@@ -275,6 +277,5 @@ def build_app(ctx: Context) -> Starlette:
         return JSONResponse(responses.error_body(exc.status_code, message), status_code=exc.status_code,
                             headers=exc.headers)
 
-    guard = ([Middleware(BearerToken, token=ctx.token, refused=lambda: ctx.stats.count("refused"))]
-             if ctx.token is not None else [])
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error}, middleware=guard)
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                     middleware=[Middleware(BearerToken, context=ctx)])
