@@ -194,7 +194,8 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"stop         at step {stop['at_step']}: {stop['reason']}")
     for name, suite in info.get("suites", {}).items():
         cells = "  ".join(f"{state} {n}" for state, n in sorted(suite["cells"].items()))
-        lines.append(f"suite        {name}: {cells}")
+        waiting = [c["reason"] for c in suite.get("steps", []) if c["state"] == "queued" and c.get("reason")]
+        lines.append(f"suite        {name}: {cells}" + (f" ({waiting[-1][:300]})" if waiting else ""))
     if info.get("superseded_results"):
         lines.append(f"superseded   {info['superseded_results']} earlier result(s) kept, not current "
                      f"(evald status --step N shows them)")

@@ -8,6 +8,7 @@ Top-level fields are flags (``--subset-size``) and top-level TOML keys; a field 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, fields
 
 from evald.config.health_thresholds import HealthThresholds
@@ -72,7 +73,16 @@ class GroupOptions:
             raise ValueError(f"node_rank {self.node_rank} must be below nodes {self.nodes}")
 
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+def is_loopback(address: str) -> bool | None:
+    """Whether an IP address (``127.0.0.2``, ``::1``, ``0:0:0:0:0:0:0:1``, ``::ffff:127.0.0.1``) is loopback,
+    by the standard ``ipaddress`` module; None for a name (``localhost``), which is decided by the address it
+    resolves to when evald binds it (evald.serve.http_thread)."""
+    try:
+        parsed = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return None
+    mapped = getattr(parsed, "ipv4_mapped", None)   # ::ffff:127.0.0.1 is IPv4's loopback
+    return (mapped or parsed).is_loopback
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         host = self.listen.rpartition(":")[0].strip("[]") if self.listen else None
-        if host is not None and host not in LOOPBACK_HOSTS and not self.token_file:
+        if host is not None and is_loopback(host) is False and not self.token_file:   # a name: when bound
             raise ValueError(f"listen {self.listen!r} is beyond loopback: set serve.token_file (a 0600 file "
                              f"holding the bearer token clients must send), or listen on 127.0.0.1")
 

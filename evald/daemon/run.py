@@ -185,6 +185,7 @@ class Run:
             # suites are built when no checkpoint waits, and never before the first one is validated
             self.pipeline.build_next_suite()
             self.prepare()   # the new suite's cells: identities, backfill requests
+            suite_turn.note_unbuildable(self.ledger, self.pipeline)   # a suite that failed: its cells say why
             return True
         if not waiting:
             if not self.prepare():

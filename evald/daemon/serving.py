@@ -115,7 +115,7 @@ class Serving:
         host, _, port = options.listen.rpartition(":")
         self.http = HttpThread(build_app(self.context), host.strip("[]"), int(port),
                                keep_alive_s=options.keep_alive_s, limit_concurrency=options.limit_concurrency,
-                               header_timeout_s=options.header_timeout_s)
+                               header_timeout_s=options.header_timeout_s, beyond_loopback=token is not None)
         self._seq = 0
         self._reported_at = time.monotonic()
         self._reported: dict[str, float] | None = None

@@ -85,6 +85,25 @@ def on_built(ledger: Ledger, pipeline: EvaluationPipeline, run_id: str | None = 
                         runner.cell_identity, len(again),
                         ", ".join(map(str, again)))
     take_backfill_requests(ledger, pipeline)
+    note_unbuildable(ledger, pipeline)
+
+
+def note_unbuildable(ledger: Ledger, pipeline: EvaluationPipeline) -> int:
+    """The queued cells of a suite that cannot be built say why (``evald status``, the ledger): they wait,
+    never silently, and run once the suite is fixed and evald started again (a fix that changes the suite's
+    identity supersedes them with new ones). The cells given the reason now; it is logged once per suite."""
+    noted = 0
+    for name, why in sorted(pipeline.suite_errors.items()):
+        reason = f"waiting: {why[:1000]}"
+        waiting = [c for c in ledger.cells(QUEUED, suite=name) if c.reason != reason]
+        for cell in waiting:
+            ledger.finish_cell(cell.step, name, cell.identity, QUEUED, reason=reason)
+        if waiting:
+            log.error("suite %s cannot be built: %d queued cell(s) (steps %s) wait until it is fixed and evald is "
+                      "started again; evald status shows why", name, len(waiting),
+                      ", ".join(str(c.step) for c in waiting[:20]) + (" ..." if len(waiting) > 20 else ""))
+        noted += len(waiting)
+    return noted
 
 
 def selected(evaluated_steps: Sequence[int], step: int, every_k: int) -> bool:

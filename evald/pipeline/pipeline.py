@@ -275,7 +275,7 @@ class Pipeline:
             self.suites[name] = self._building
         except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
             self.suite_errors[name] = f"cannot build suite {name}: {exc}"
-            log.error("%s; its cells stay queued until the suite is fixed", self.suite_errors[name],
+            log.error("%s; its queued cells wait until it is fixed", self.suite_errors[name],
                       exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))
         self._building, self.suites_pending = None, self.suites_pending[1:]
         return True

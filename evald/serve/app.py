@@ -6,6 +6,12 @@ template), ``GET /v1/models``, and the tokenizer routes lm-eval's ``tokenizer_ba
 evald does, offline. ``GET /health`` is ``ok`` whenever a request can be answered: the window is known
 and a step is servable (held now, or evaluated and on disk); else 503 saying why not.
 
+With a token configured (``serve.token_file``), ``BearerToken`` checks every request before routing, whatever
+its route or method (an unknown route or a wrong method too: nothing about the endpoint shows without it):
+exactly one ``Authorization`` header, ``Bearer`` (any case), one space, and exactly the token's bytes,
+compared in constant time (their sha256 digests, so not even the length shows); else a JSON 401 with
+``WWW-Authenticate: Bearer``. ``/health`` needs it too (it names the run, the steps and their snapshots).
+
 A handler reads the body (at most ``serve.max_body_bytes``, within ``serve.header_timeout_s``),
 validates and tokenizes it (evald.serve.requests), queues a job (429 with ``Retry-After`` when the
 queue is full) and awaits its answer (503 after ``serve.request_timeout_s``). It never touches
@@ -18,14 +24,16 @@ May import: serve.jobs, serve.requests, serve.responses, serve.schedule, pipelin
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, MutableMapping
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -71,18 +79,42 @@ def _error(exc: BadRequest) -> JSONResponse:
     return JSONResponse(responses.error_body(exc.status, exc.message, exc.param), exc.status, headers=exc.headers)
 
 
+Scope = MutableMapping[str, Any]
+ASGI = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+SCHEME = b"bearer "
+
+
+class BearerToken:
+    """ASGI middleware: every HTTP request carries the token (see the module's docstring), or gets a 401."""
+
+    def __init__(self, app: ASGI, context: "Context") -> None:
+        self.app, self.context = app, context
+
+    @staticmethod
+    def authorized(headers: list[tuple[bytes, bytes]], token: str) -> bool:
+        given = [value for name, value in headers if name.lower() == b"authorization"]
+        if len(given) != 1 or given[0][:len(SCHEME)].lower() != SCHEME:
+            return False   # none, two (which one would a proxy have checked?), or another scheme
+        return hmac.compare_digest(hashlib.sha256(given[0][len(SCHEME):]).digest(),
+                                   hashlib.sha256(token.encode("utf-8")).digest())
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Any]],
+                       send: Callable[[Any], Awaitable[None]]) -> None:
+        token = self.context.token
+        if scope["type"] != "http" or token is None or self.authorized(list(scope.get("headers") or []), token):
+            await self.app(scope, receive, send)
+            return
+        self.context.stats.count("refused")
+        message = ("missing or wrong bearer token: send one header 'Authorization: Bearer TOKEN' with the token in "
+                   "serve.token_file")
+        response = JSONResponse(responses.error_body(401, message), 401,
+                                headers={"WWW-Authenticate": 'Bearer realm="evald"'})
+        await response(scope, receive, send)
+
+
 def build_app(ctx: Context) -> Starlette:
     options = ctx.options
     template = chat_template(ctx.tokenizer)
-
-    def authorized(request: Request) -> None:
-        if ctx.token is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip().encode(), ctx.token.encode()):
-            raise BadRequest(401, "missing or wrong bearer token: send 'Authorization: Bearer TOKEN' with the token "
-                                  "in serve.token_file")
 
     async def body_of(request: Request) -> dict[str, Any]:
         length = request.headers.get("content-length")
@@ -137,7 +169,6 @@ def build_app(ctx: Context) -> Starlette:
     def handler(fn: Callable) -> Callable:
         async def wrapped(request: Request) -> JSONResponse:
             try:
-                authorized(request)
                 return await fn(request)
             except BadRequest as exc:   # counted here only, whoever raised it (the runner sets it on the job)
                 ctx.stats.count(exc.outcome)
@@ -246,4 +277,5 @@ def build_app(ctx: Context) -> Starlette:
         return JSONResponse(responses.error_body(exc.status_code, message), status_code=exc.status_code,
                             headers=exc.headers)
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                     middleware=[Middleware(BearerToken, context=ctx)])

@@ -11,7 +11,13 @@ that never finishes its request headers (slowloris), so ``GuardedH11Protocol`` a
 connection that has not started a request ``header_timeout_s`` after it opened (or after its last
 response) is closed. A slow body is cut by the app (evald.serve.app, 408).
 
-May import: nothing of evald but serve.app's Starlette app (passed in).
+Loopback: without a token only a loopback address may listen. The host is resolved here, as the socket
+would resolve it (``getaddrinfo``: IPv6 when it holds a colon, else IPv4, the first address, as uvicorn binds),
+the address judged by the standard ``ipaddress`` module (``127.0.0.0/8``, ``::1``, IPv4's loopback mapped
+into IPv6), and that very address is bound: a name such as ``localhost`` that resolves beyond loopback, or
+``::``, is refused without a token, and any spelling of a loopback address is accepted.
+
+May import: config (is_loopback), and serve.app's Starlette app (passed in).
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from evald.config.options import is_loopback
 
 log = logging.getLogger("evald.serve")
 
@@ -52,16 +60,38 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()  # no new request began in time
 
 
-def bind(host: str, port: int) -> socket.socket:
+def resolve(host: str, port: int) -> tuple[socket.AddressFamily, tuple]:
+    """The family and socket address binding ``host`` gives: the first of ``getaddrinfo``'s answers."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        answers = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise ServeError(f"--serve {host}:{port}: cannot resolve {host!r} ({getattr(exc, 'strerror', None) or exc})"
+                         f"; give an address such as 127.0.0.1") from None
+    if not answers:
+        raise ServeError(f"--serve {host}:{port}: {host!r} resolves to no address")
+    found_family, _, _, _, address = answers[0]
+    return found_family, address
+
+
+def bind(host: str, port: int, *, beyond_loopback: bool = False) -> socket.socket:
+    """A listening socket on ``host:port``; without ``beyond_loopback`` (no token), a loopback address only."""
+    family, address = resolve(host, port)
+    if not beyond_loopback and not is_loopback(str(address[0])):
+        raise ServeError(f"--serve {host}:{port} would listen on {address[0]}, beyond loopback: set serve.token_file "
+                         f"(a 0600 file holding the bearer token clients must send), or listen on 127.0.0.1")
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        sock.bind(address)
     except OSError as exc:
         sock.close()
         raise ServeError(f"--serve {host}:{port}: cannot listen there ({exc.strerror}); pick another port, or "
                          f"port 0 for a free one") from None
+    bound = str(sock.getsockname()[0])
+    if not beyond_loopback and not is_loopback(bound):   # what the kernel says it bound, the last word
+        sock.close()
+        raise ServeError(f"--serve {host}:{port} listens on {bound}, beyond loopback: set serve.token_file")
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -69,9 +99,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 class HttpThread:
     def __init__(self, app: Any, host: str, port: int, *, keep_alive_s: int, limit_concurrency: int,
-                 header_timeout_s: float) -> None:
+                 header_timeout_s: float, beyond_loopback: bool = False) -> None:
+        """``beyond_loopback``: the app requires a token, so any address may listen; else loopback only."""
         self.host = host
-        self.sock = bind(host, port)
+        self.sock = bind(host, port, beyond_loopback=beyond_loopback)
         self.port = self.sock.getsockname()[1]
         protocol = type("GuardedH11", (GuardedH11Protocol,), {"header_timeout_s": header_timeout_s})
         config = uvicorn.Config(app, http=protocol, lifespan="off", log_level="warning", access_log=False,

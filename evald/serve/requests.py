@@ -85,6 +85,13 @@ def parse_json(body: bytes) -> dict[str, Any]:
         raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
     if not isinstance(value, dict):
         raise BadRequest(400, f"the body must be a JSON object, got {type(value).__name__}")
+    try:   # an escape such as "\\ud800" alone decodes to a lone surrogate, which no tokenizer can encode
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest(400, "the body holds a lone surrogate escape (\\ud800 to \\udfff without its pair): "
+                              "not Unicode text") from None
+    except RecursionError:
+        raise BadRequest(400, "the body is nested too deeply") from None
     return value
 
 

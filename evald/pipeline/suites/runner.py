@@ -3,7 +3,8 @@
 A ``SuiteRunner`` is built once per suite (``[suites.NAME]``, evald.config.options.SuiteOptions)
 beside the validation Evaluator, on the same network: it loads the suite's tasks through lm-eval's
 ``TaskManager(include_path=...)``, draws each task's fixed, seeded subset of documents (passed to
-lm-eval as ``samples=`` doc indices, so every checkpoint sees the same documents), computes the
+lm-eval as ``samples=`` doc indices, so every checkpoint sees the same documents; evald and lm-eval read
+them by index, ``documents_by_index``, never the whole dataset), computes the
 suite's identity, and compiles its TokenScorer's buckets. ``run()`` then scores the weights the
 network holds now through ``lm_eval.simple_evaluate(model=EvaldLM, ..., log_samples=True)``.
 
@@ -29,6 +30,7 @@ May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -36,7 +38,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -131,8 +133,9 @@ class SuiteRunner:
                           prefix_token=options.prefix_token)
         self.documents: dict[str, list[int]] = {}
         tasks: dict[str, Any] = {}
+        documents_by_index()
         for task_name, task in sorted(loaded.items()):
-            docs = list(task.eval_docs)
+            docs = task.eval_docs   # read by index: the chosen documents only, never the whole dataset
             count = len(docs)
             if count == 0:
                 raise ValueError(f"suite {name}: task {task_name} has no evaluation documents")
@@ -153,7 +156,8 @@ class SuiteRunner:
         # characters (status, compare, the log, file names, TensorBoard) shows the suite's.
         self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self._started, self._ready = started, False
-        self._plan_buckets()
+        with self._naming_empty_documents():
+            self._plan_buckets()
         # the graphs: compiled by warm_next, one a call, or by warm_up. Only what the tasks run: forks help
         # log-likelihood choices, generation graphs serve generate_until (a bits-per-byte suite needs neither)
         kinds = {task["output_type"] for task in tasks.values()}
@@ -187,6 +191,23 @@ class SuiteRunner:
             task_manager=self.task_manager, bootstrap_iters=bootstrap_iters, random_seed=seed,
             numpy_random_seed=seed, fewshot_random_seed=seed)
 
+    @contextlib.contextmanager
+    def _naming_empty_documents(self) -> Iterator[None]:
+        """An EmptyDocument from the adapter as a ValueError naming the task and the document's index in it
+        (lm-eval numbers the selected documents 0, 1, ...; ``documents`` maps them back)."""
+        from evald.pipeline.suites.lm_adapter import EmptyDocument
+
+        try:
+            yield
+        except EmptyDocument as exc:
+            chosen = self.documents.get(str(exc.task), [])
+            where = f"task {exc.task}"
+            if exc.document is not None:
+                index = chosen[exc.document] if 0 <= exc.document < len(chosen) else exc.document
+                where += f", document {index} (of its {self.identity['tasks'].get(exc.task, {}).get('documents', '?')})"
+            raise ValueError(f"{where}: {exc.what}; fix or drop that document (e.g. a process_docs that leaves it "
+                             f"out) and start evald again") from None
+
     def warm_next(self) -> bool:
         """Compile the next of the suite's graphs (seconds each, so evald can validate a checkpoint between two
         of them); True once every graph is compiled and the suite is ready."""
@@ -209,7 +230,8 @@ class SuiteRunner:
 
         started, before = time.time(), self.scorer.stats.real_tokens
         nonfinite_before = self.lm.counts.nonfinite
-        out = self._evaluate(self.lm, log_samples=True, bootstrap_iters=1000)
+        with self._naming_empty_documents():
+            out = self._evaluate(self.lm, log_samples=True, bootstrap_iters=1000)
         tasks = {}
         broken: dict[str, tuple[int, int]] = {}
         for task_name in self.documents:
@@ -225,6 +247,35 @@ class SuiteRunner:
             raise NonFiniteScores(self.name, broken, nonfinite)
         return SuiteResult(self.name, self.identity, self.identity_sha256, tasks, time.time() - started,
                            self.scorer.compiled_graphs, self.scorer.stats.real_tokens - before)
+
+
+def documents_by_index() -> None:
+    """lm-eval's ``samples=`` path walks every document of a task and tests each index against the list of
+    samples (``i in samples``): O(documents x samples) at each evaluation, 10**8 documents walked for a
+    limit of 4. It yields the chosen documents in index order, numbered 0, 1, ... (mapped back through the
+    sorted samples by its evaluator). This reads the same documents by index, in the same order and with
+    the same numbers, so a suite's evaluation reads in proportion to its limit; anything else (no samples,
+    a sample out of range, documents without indexing) takes lm-eval's own path. Installed once."""
+    from lm_eval import utils
+    from lm_eval.api.task import Task
+
+    walking = Task.doc_iterator
+    if getattr(walking, "evald_by_index", False):
+        return
+
+    def doc_iterator(self: Any, *, rank: int = 0, limit: int | None = None, world_size: int = 1,
+                     samples: list[int] | None = None) -> Any:
+        docs = self.eval_docs if samples else None
+        if not samples or not hasattr(docs, "__getitem__"):
+            return walking(self, rank=rank, limit=limit, world_size=world_size, samples=samples)
+        chosen = sorted({int(i) for i in samples})
+        if chosen[0] < 0 or chosen[-1] >= len(docs):
+            return walking(self, rank=rank, limit=limit, world_size=world_size, samples=samples)
+        return utils.create_iterator(enumerate(docs[i] for i in chosen), rank=int(rank), limit=None,
+                                     world_size=int(world_size))
+
+    doc_iterator.evald_by_index = True  # type: ignore[attr-defined]
+    Task.doc_iterator = doc_iterator
 
 
 def quiet_lm_eval_git() -> None:

@@ -67,3 +67,75 @@ def test_a_tokenizer_that_changes_within_a_run_is_an_error_named_as_such(ledger)
     suite_turn.on_built(ledger, changed)
     assert changed.suites == {}
     assert "tokenizer changed between checkpoints of this run" in changed.suite_errors["fast"]
+
+
+def test_the_queued_cells_of_a_suite_that_cannot_be_built_say_why(ledger, tmp_path, caplog):
+    """Issue 35: a suite whose build fails (a document with nothing to score) left its queued cells queued,
+    with no reason anywhere but one log line. Now each says why, in the ledger and `evald status`, once."""
+    from evald.cli.status import gather, render
+
+    built = _pipeline()
+    suite_turn.on_built(ledger, built)
+    for step in (10, 20):
+        _evaluate(ledger, step)
+    assert suite_turn.queue_due(ledger, built) == [("fast", 10), ("fast", 20)]
+    why = "cannot build suite fast: task t, document 9 (of its 12): the continuation '' gives no token"
+    broken = SimpleNamespace(suites={}, suite_errors={"fast": why}, suites_pending=(), validation_identity="v" * 64)
+    with caplog.at_level("ERROR", logger="evald"):
+        assert suite_turn.note_unbuildable(ledger, broken) == 2
+        assert suite_turn.note_unbuildable(ledger, broken) == 0      # said once
+    cells = ledger.cells(QUEUED, suite="fast")
+    assert [c.step for c in cells] == [10, 20] and all(c.reason == f"waiting: {why}" for c in cells)
+    assert sum("2 queued cell(s) (steps 10, 20) wait until it is fixed" in r.getMessage() for r in caplog.records) == 1
+    shown = render(gather(tmp_path))   # evald status of this run directory (its ledger.sqlite)
+    assert f"suite        fast: queued 2 (waiting: {why})" in shown, shown
+
+
+def test_through_the_loop_a_suite_build_that_fails_leaves_its_queued_cells_saying_why(tmp_path, private_umask):
+    """Issue 35, through evald's own loop: cells an earlier run queued for suite mc; this run's build of mc
+    fails (a document with nothing to score); the loop goes on, and the cells say why."""
+    from evald.daemon.server import Server
+    from evald.ledger.ledger import Ledger as RunLedger
+    from tests.faults import ledger_path
+    from tests.unit.daemon.rig import MeanWeightPipeline, config, stage
+
+    why = "cannot build suite mc: task t, document 9 (of its 12): the continuation '' gives no token to score"
+
+    class FailingSuite(MeanWeightPipeline):
+        def __init__(self) -> None:
+            super().__init__()
+            self.suites_pending = ("mc",)
+
+        def build_next_suite(self) -> bool:
+            if not self.suites_pending:
+                return False
+            self.suite_errors["mc"], self.suites_pending = why, ()
+            return True
+
+    ckpt = stage(tmp_path / "ckpt", 10, 20)
+
+    def run(pipeline, turns: int) -> None:
+        server = Server(config(tmp_path, None, ckpt_dir=str(ckpt), logdir=None, idle_exit_s=None), pipeline=pipeline)
+        try:
+            server.startup()
+            for _ in range(turns):
+                server.on_tick()
+        finally:
+            server.shutdown()
+
+    run(MeanWeightPipeline(), 50)                      # the earlier run: both steps validated
+    ledger = RunLedger(ledger_path(ckpt))
+    try:
+        assert sorted(row.step for row in ledger.steps(EVALUATED)) == [10, 20]
+        ledger.queue_cells("mc", "m" * 64, [10, 20])   # ... and mc's cells left queued
+    finally:
+        ledger.close()
+    pipeline = FailingSuite()
+    run(pipeline, 20)                                  # this run: mc cannot be built
+    ledger = RunLedger(ledger_path(ckpt))
+    try:
+        cells = ledger.cells(suite="mc")
+    finally:
+        ledger.close()
+    assert pipeline.suite_errors == {"mc": why} and [c.state for c in cells] == [QUEUED, QUEUED]
+    assert all(c.reason == f"waiting: {why}" for c in cells), cells

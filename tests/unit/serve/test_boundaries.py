@@ -40,6 +40,18 @@ def test_a_temperature_that_underflows_is_refused_with_its_bound(temperature):
     assert parse({"prompt": "a", "temperature": 0}).temperature == 0.0
 
 
+@pytest.mark.parametrize("body", [b'{"prompt": "a\\ud800b"}', b'{"prompt": ["ab", "\\udc00"]}',
+                                  b'{"\\ud800": 1, "prompt": "ab"}', b'{"prompt": "ab", "stop": ["\\udfff"]}',
+                                  b'{"messages": [{"role": "user", "content": "\\ud83d"}]}'])
+def test_a_lone_surrogate_escape_is_a_bad_request(body):
+    """Issue 35: "\\ud800" alone is valid JSON syntax but not Unicode; the tokenizer's encode raised, and the
+    endpoint answered 500 (a bug, logged with a traceback) for a bad request."""
+    with pytest.raises(BadRequest) as caught:
+        parse_json(body)
+    assert caught.value.status == 400 and "lone surrogate" in caught.value.message
+    assert parse_json(b'{"prompt": "\\ud83d\\ude00"}') == {"prompt": "\U0001F600"}   # a pair is one character
+
+
 # -- over real HTTP, on the demo model -------------------------------------------------------------
 ms = pytest.importorskip("mindspore")
 httpx = pytest.importorskip("httpx")
@@ -83,6 +95,14 @@ def test_non_finite_weights_give_a_json_error_naming_the_step(rig, extra):
     message = answer.json()["error"]["message"]
     assert "step 30" in message and "not finite" in message, message
     assert healthy.status_code == 200
+
+
+def test_a_lone_surrogate_gets_a_400_on_every_route_that_reads_text(rig):
+    with Loop(rig), httpx.Client(base_url=rig.url, timeout=60) as client:
+        for path in ("/v1/completions", "/tokenize"):
+            answer = client.post(path, content=b'{"model": "unit@10", "prompt": "a\\ud800"}',
+                                 headers={"content-type": "application/json"})
+            assert answer.status_code == 400 and "lone surrogate" in answer.json()["error"]["message"], answer.text
 
 
 def test_health_is_ok_whenever_a_step_is_servable(rig):
