@@ -33,7 +33,7 @@ writes no digest: each shard's bytes are checked against its file's header (dtyp
 inside the file, the data exactly filling it) and the metadata (dtype, local shape), and the chunks
 of every parameter must tile its global shape, no gap, no overlap. Only the byte ranges a reader
 needs are touched (``os.pread``, evald.files.slices): whole tensors for one device, or a
-tensor-parallel rank's slices (``read_slices``). Imports only evald.files and numpy.
+tensor-parallel rank's slices (``read_slices``). Imports evald.files, evald.contracts and numpy.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from evald.contracts.partition import GAP, IRREGULAR, MAX_GRID_CELLS, OUTSIDE, OVERLAP, untiled
 from evald.files import slices
 from evald.files.access import Unreadable, check_readable
 from evald.files.errors import CheckpointError, CheckpointUnreadable
@@ -375,20 +376,28 @@ def _plain_name(name: str, iter_dir: Path) -> str:
 
 
 def _tiling_problem(param: Param) -> str | None:
-    """None when the chunks cover the whole tensor exactly once (boxes inside it, volumes adding up,
-    no two overlapping)."""
-    total = 0
-    for chunk in param.chunks:
-        if len(chunk.shape) != len(param.shape) or any(
-                o < 0 or s < 0 or o + s > d for o, s, d in zip(chunk.offset, chunk.shape, param.shape)):
-            return f"a chunk at {list(chunk.offset)} of shape {list(chunk.shape)} is outside {list(param.shape)}"
-        total += math.prod(chunk.shape)
-    for i, a in enumerate(param.chunks):
-        for b in param.chunks[i + 1:]:
-            if all(max(ao, bo) < min(ao + asz, bo + bsz)
-                   for ao, asz, bo, bsz in zip(a.offset, a.shape, b.offset, b.shape)):
-                return f"chunks at {list(a.offset)} and {list(b.offset)} overlap"
-    if total != math.prod(param.shape):
-        return (f"its stored chunks cover {total} of its {math.prod(param.shape)} elements: part of it is not "
+    """None when the chunks cover the whole tensor exactly once (evald.contracts.partition.untiled: every chunk
+    inside it, no two overlapping, no element left out); else what is wrong, naming the chunks."""
+    def outside(chunk: Chunk) -> str:
+        return (f"a chunk at {list(chunk.offset)[:16]} of shape {list(chunk.shape)[:16]} is outside "
+                f"{list(param.shape)[:16]}")
+
+    odd = next((c for c in param.chunks if len(c.shape) != len(param.shape)), None)
+    if odd is not None:
+        return outside(odd)
+    problem = untiled(param.shape, [tuple((o, o + s) for o, s in zip(c.offset, c.shape)) for c in param.chunks])
+    if problem is None:
+        return None
+    chunks = [param.chunks[i] for i in problem.boxes]
+    if problem.kind == OUTSIDE:
+        return outside(chunks[0])
+    if problem.kind == OVERLAP and chunks:
+        return f"chunks at {list(chunks[0].offset)[:16]} and {list(chunks[1].offset)[:16]} overlap"
+    if problem.kind == OVERLAP:
+        return f"its stored chunks hold {problem.covered} elements of its {problem.total}: some overlap"
+    if problem.kind == GAP:
+        return (f"its stored chunks cover {problem.covered} of its {problem.total} elements: part of it is not "
                 f"in any model file")
-    return None
+    assert problem.kind == IRREGULAR
+    return (f"its {len(param.chunks)} chunks do not cut it into a grid, and checking them would take "
+            f"{problem.cells} pieces (more than {MAX_GRID_CELLS}); not read")
