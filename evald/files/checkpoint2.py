@@ -91,6 +91,10 @@ _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat
            "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 
 
+PLANS_KEPT = 4                    # metadata.json files whose checked plan is kept (a large one: seconds to check)
+_planned: dict[tuple, dict[str, "Param"]] = {}   # (dev, inode, size, mtime, ctime) -> its plan, oldest first
+
+
 class IterationIncomplete(CheckpointError):
     """A file the iteration needs is not there (yet): while MindFormers may still be writing it, the
     iteration is not judged (``committed`` returns None); when it is being read, it is an error."""
@@ -217,11 +221,19 @@ def plan(iter_dir: Path, root: Path | None = None) -> dict[str, Param]:
     """
     iter_dir = Path(iter_dir)
     root, relative = _below(iter_dir, root)
+    shown = f"{iter_dir.name}/{METADATA}"
     try:
-        metadata = _json(root, f"{relative}/{METADATA}", f"{iter_dir.name}/{METADATA}")
+        data, info = _read(root, f"{relative}/{METADATA}", shown)
     except FileNotFoundError:
         return _plan_from_files(iter_dir, root, relative)
-    params = _params(metadata, iter_dir.name)
+    # An incomplete iteration is judged again at every rescan, and a found one planned again when it is read:
+    # the same metadata.json (MindFormers renames it into place; a write changes its ctime) is checked once.
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    params = _planned.pop(key, None) or _params(_parse(data, shown), iter_dir.name)
+    _planned[key] = params
+    while len(_planned) > PLANS_KEPT:
+        _planned.pop(next(iter(_planned)))
+    params = dict(params)    # the caller's own dict: the kept one stays as checked
     entries = _entries(root, relative, iter_dir.name)
     named = sorted({c.file for p in params.values() for c in p.chunks})
     for file in named:
@@ -312,6 +324,10 @@ def _entries(root: Path, relative: str, where: str) -> dict[str, int]:
         raise CheckpointUnreadable(permission_message(Path(root) / relative, where)) from exc
     except UnsafeFile as exc:
         raise CheckpointError(f"{_short(exc, Path(root) / relative, where)}; not evaluated") from None
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CheckpointError(f"{where}: cannot be listed ({exc.strerror})") from None
 
 
 def _plan_from_files(iter_dir: Path, root: Path, relative: str) -> dict[str, Param]:
@@ -412,6 +428,8 @@ def header(iter_dir: Path, file: str, root: Path | None = None
     except UnsafeFile as exc:
         raise CheckpointError(f"{_short(exc, Path(root) / relative, shown)}: not what MindFormers writes; "
                               f"not read") from None
+    except OSError as exc:
+        raise CheckpointError(f"{shown}: cannot be read ({exc.strerror})") from None
     with opened:
         return _header_fd(opened.fd, opened.info.st_size, shown)
 
@@ -468,8 +486,13 @@ def _pread_exact(fd: int, n: int, offset: int, shown: str) -> bytes:
 def _json(root: Path, relative: str, shown: str) -> object:
     """A small JSON file of the iteration, read under the one rule. FileNotFoundError when absent;
     CheckpointUnreadable for a permission problem; CheckpointError for anything else that is off."""
+    return _parse(_read(root, relative, shown)[0], shown)
+
+
+def _read(root: Path, relative: str, shown: str) -> tuple[bytes, os.stat_result]:
+    """The bytes of a small file of the iteration and the ``fstat`` they came from (``_json``'s errors)."""
     try:
-        data, _ = read_beneath(root, relative, MAX_JSON_BYTES)
+        return read_beneath(root, relative, MAX_JSON_BYTES)
     except PermissionError as exc:
         raise CheckpointUnreadable(permission_message(Path(root) / relative, shown)) from exc
     except UnsafeFile as exc:
@@ -479,6 +502,9 @@ def _json(root: Path, relative: str, shown: str) -> object:
         raise
     except OSError as exc:
         raise CheckpointError(f"{shown}: cannot be read ({exc.strerror})") from None
+
+
+def _parse(data: bytes, shown: str) -> object:
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:

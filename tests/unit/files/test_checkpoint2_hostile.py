@@ -287,3 +287,24 @@ def test_a_rejected_iteration_is_recorded_once_with_its_reason(tmp_path):
     assert (name, step, status) == (NAME, 10, REJECTED)
     assert reason == "iteration_00000010/common.json is a FIFO, not a regular file: not what MindFormers writes; not read"
     assert [(row.step, row.state, row.reason) for row in steps] == [(10, FAILED, reason)]
+
+
+def test_an_incomplete_iteration_judged_again_does_not_check_its_metadata_again(tmp_path, monkeypatch):
+    """A dead save under a wrong tracker is looked at again at every rescan: its metadata.json (thousands of
+    chunks, seconds to check when it is large) is checked once while it stays the same file."""
+    from tests.checkpoint2_layout import many_chunks
+
+    checkpoint = tmp_path / "output" / "checkpoint"
+    iter_dir = many_chunks(checkpoint, 10, (40, 50))
+    (iter_dir / "llama-model-0000003-0000008.safetensors").unlink()        # never written: the save died
+    checked = []
+    real = c2._params
+    monkeypatch.setattr(c2, "_params", lambda *a: checked.append(1) or real(*a))
+    assert [recognise(tmp_path / "output", NAME) for _ in range(5)] == [None] * 5
+    assert len(checked) == 1
+    metadata = iter_dir / "metadata.json"
+    text = metadata.read_text()
+    metadata.unlink()
+    metadata.write_text(text)                                              # saved again: checked again
+    (iter_dir / "llama-model-0000003-0000008.safetensors").write_bytes(b"")
+    assert recognise(tmp_path / "output", NAME).step == 10 and len(checked) == 2
