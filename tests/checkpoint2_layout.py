@@ -65,3 +65,27 @@ def save(checkpoint: Path, step: int, world: int = 2, *, tracker: bool = True, w
     return iter_dir
 
 
+
+
+def many_chunks(checkpoint: Path, step: int, grid: tuple[int, int], *, world: int = 8, tracker: bool = True
+                ) -> Path:
+    """An iteration whose one parameter ``w`` (float32, ``2*rows`` x ``2*cols``) is stored as ``rows * cols``
+    chunks of 2x2, spread over ``world`` model files (empty: only ``metadata.json`` is read to plan it, as
+    the intake does), and ``common.json``: the metadata of a large model in a few megabytes."""
+    rows, cols = grid
+    iter_dir = checkpoint / f"iteration_{step:08d}"
+    iter_dir.mkdir(parents=True)
+    files = [f"llama-model-{rank:07d}-{world:07d}.safetensors" for rank in range(world)]
+    for name in files:
+        (iter_dir / name).write_bytes(b"")
+    chunks, storage = [], {}
+    for index, (r, c) in enumerate((r, c) for r in range(rows) for c in range(cols)):
+        chunks.append({"global_offset": [2 * r, 2 * c], "local_shape": [2, 2]})
+        storage[str(("w", (2 * r, 2 * c)))] = [{"file_name": files[index % world], "storage_rank": index % world}]
+    state = {"w": {"properties": {"dtype": "Float32", "replica_id": 0}, "global_shape": [2 * rows, 2 * cols],
+                   "axis_fragmentations": [rows, cols], "layout": None, "chunk": chunks}}
+    (iter_dir / "metadata.json").write_text(json.dumps({"state_dict_metadata": state, "storage_data": storage}))
+    (iter_dir / "common.json").write_text(json.dumps({"epoch_num": 1, "step_num": step, "ckpt_status": None}))
+    if tracker:
+        (checkpoint / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return iter_dir

@@ -4,6 +4,7 @@ MindSpore's ``save_checkpoint`` makes every file it writes read-only for its own
 (mode 0400), so an evald running as another user cannot read MindFormers' or
 ``ModelCheckpoint``'s files. That says nothing about the file: such a file is kept
 pending and judged again when it can be read (evald.intake.intake), never rejected for good.
+Imports evald.contracts (the one rule for opening a file, evald.contracts.safe_open).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import grp
 import os
 import pwd
 import stat
+import sys
 from pathlib import Path
+
+from evald.contracts.safe_open import UnsafeFile, open_beneath
 
 
 class Unreadable(OSError):
@@ -20,14 +24,24 @@ class Unreadable(OSError):
 
 
 def check_readable(path: Path, shown: str | None = None) -> None:
-    """Raise Unreadable if this process may not open ``path`` for reading (FileNotFoundError passes through)."""
+    """Raise Unreadable if this process may not open ``path`` for reading (FileNotFoundError passes through).
+
+    Opened under the one rule (evald.contracts.safe_open) below its own directory: a FIFO does not block,
+    a link is not followed. What the entry is (a link, a FIFO, a device) is not a permission problem: the
+    caller judges that (evald.files.confine.examine), so such an entry passes here.
+    """
+    path = Path(path)
     try:
-        with open(path, "rb"):
+        with open_beneath(path.parent, path.name, sys.maxsize, single_link=False):
             pass
     except PermissionError as exc:
         raise Unreadable(permission_message(path, shown)) from exc
-    except IsADirectoryError:
-        if not os.access(path, os.R_OK | os.X_OK):
+    except UnsafeFile:
+        try:
+            is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+        except OSError:
+            return
+        if is_dir and not os.access(path, os.R_OK | os.X_OK):
             raise Unreadable(permission_message(path, shown)) from None
 
 

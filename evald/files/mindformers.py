@@ -24,7 +24,9 @@ Checkpoint 2.0 (MindFormers 2.0's default, evald.files.checkpoint2): its iterati
 ``checkpoint/iteration_XXXXXXXX/`` are entries too (``ITERATIONS_DIR``), named so
 (``checkpoint/iteration_00000020``); and when ``--ckpt-dir`` is that ``checkpoint`` directory itself,
 plain ``iteration_00000020``. The tracker file ``latest_checkpointed_iteration.txt`` next to them is
-what commits them: a change to it makes evald look at the iterations again (``is_tracker``).
+what commits them: a change to it makes evald look at the iterations again (``is_tracker``). It is read
+only as a small regular file of that directory (a link or a FIFO there is refused, never followed or
+waited on), and it commits an iteration only once that iteration is complete (evald.files.checkpoint2).
 
 The step of a weights-only file of epoch 2 and later: its name carries the step within
 the epoch only and the file holds weights only, but the full checkpoint of the same epoch

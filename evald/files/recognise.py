@@ -115,7 +115,7 @@ def recognise(ckpt_dir: Path, name: str, *, steps_per_epoch: int | None = None, 
     if path.is_symlink():
         return _link(path.parent, path, dir_step, name)
     if iteration:
-        return _checkpoint2(path, name)
+        return _checkpoint2(ckpt_dir, path, name)
     if dir_step is not None:
         return _evald(path, dir_step, part)
     return _foreign(path, name, steps_per_epoch, settle_s, now)
@@ -148,11 +148,11 @@ def _evald(path: Path, dir_step: int, part: tuple[int, int, int] | None = None) 
     return Found(path.name, dir_step, EVALD, manifest.run_id, manifest.commit_time)
 
 
-def _checkpoint2(path: Path, name: str) -> Found | Rejected | Pending | None:
+def _checkpoint2(ckpt_dir: Path, path: Path, name: str) -> Found | Rejected | Pending | None:
     if not path.is_dir():
         return Rejected(name, None, "not a directory: MindFormers' iteration_XXXXXXXX entries are directories")
-    try:
-        step_or_reason = checkpoint2.committed(path)
+    try:  # every file below the served directory, none reached through a link (evald.contracts.safe_open)
+        step_or_reason = checkpoint2.committed(path, root=ckpt_dir)
     except CheckpointUnreadable as exc:
         return Pending(name, str(exc))
     except CheckpointError as exc:
