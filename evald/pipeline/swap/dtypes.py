@@ -35,15 +35,22 @@ _FLOAT_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 
 
 
 def name_of(dtype: Any) -> str | None:
-    """numpy's name of ``dtype`` (a numpy dtype, a type, or a name), or None."""
+    """numpy's name of ``dtype`` (a numpy dtype, a type, a name, or MindSpore's dtype or its name:
+    ``Float32``, ``BFloat16``, ``Bool``), or None when it is none of those."""
     if dtype is None:
         return None
-    if isinstance(dtype, str):
-        return dtype
-    try:
-        return np.dtype(dtype).name
-    except TypeError:
-        return None
+    if not isinstance(dtype, str):
+        try:
+            return np.dtype(dtype).name
+        except TypeError:
+            dtype = str(dtype)  # a MindSpore dtype: its name
+    lowered = dtype.lower()
+    return _MINDSPORE_NAMES.get(lowered, lowered if lowered in _NUMPY_NAMES else dtype)
+
+
+_NUMPY_NAMES = frozenset((*FLOATS, *SIGNED, "uint8", "uint16", "uint32", "uint64", "bool", "complex64",
+                          "complex128"))
+_MINDSPORE_NAMES = {"bool_": "bool"}   # the rest are numpy's names capitalised (Float32, UInt8, Complex64)
 
 
 def kind(name: str) -> str:

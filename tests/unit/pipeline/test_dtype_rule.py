@@ -127,3 +127,12 @@ def test_the_rule():
         assert dtypes.problem(stored, network) == f"{stored} in the checkpoint, {network} in the network"
     assert dtypes.value_problem("x", np.array([1, 300], np.int64), "int8") == "x: int64 values from 1 to 300 do not fit int8"
     assert dtypes.value_problem("x", np.array([1, -5], np.int64), "int8") is None
+
+
+@pytest.mark.parametrize("network", ["Float32", "float32", np.float32, "BFloat16"])
+def test_mindspore_dtype_names_are_numpy_names_to_the_rule(network):
+    """A network's dtype given by MindSpore's name (``str(parameter.dtype)``: "Float32") is the same
+    dtype as numpy's: float32 fits it, int8 does not (a name the rule did not know made every float32
+    tensor "of another kind")."""
+    assert dtypes.problem("float32", network) is None
+    assert dtypes.problem("int8", network) == f"int8 in the checkpoint, {dtypes.name_of(network)} in the network"
