@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC   # a directory, never through a link
 _FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | _CLOEXEC
 _CHUNK = 1 << 20
 
@@ -40,7 +40,12 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCH
 
 class UnsafeFile(ValueError):
     """Not a regular file of a sane size reached without a link (a link, FIFO, device, directory,
-    hard link, too big, a name that climbs out); the message names the file and what it is."""
+    hard link, too big, a name that climbs out); the message names the file and what it is, ``path``
+    (when known) is the entry that is not what it should be."""
+
+    def __init__(self, message: str, path: Path | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def kind_of(mode: int) -> str:
@@ -109,10 +114,28 @@ def open_dir_beneath(root: str | os.PathLike[str], relative: str | os.PathLike[s
     it). FileNotFoundError when a component is absent; UnsafeFile for a link or a non-directory."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
     try:
-        for name in (components(relative) if os.fspath(relative) else ()):
+        return descend(fd, components(relative) if os.fspath(relative) else (), shown=Path(root))
+    finally:
+        os.close(fd)
+
+
+def descend(dir_fd: int, names: tuple[str, ...] | list[str], *, create: bool = False, mode: int = 0o777,
+            shown: Path | None = None) -> int:
+    """A new descriptor of directory ``names`` below ``dir_fd`` (which stays open), each opened with
+    ``O_NOFOLLOW`` relative to its parent; with ``create``, a missing one is made with ``mode``.
+    FileNotFoundError when one is absent (and not created); UnsafeFile for a link or a non-directory,
+    naming it below ``shown``."""
+    fd = os.dup(dir_fd)
+    try:
+        for depth, name in enumerate(names):
+            if create:
+                try:
+                    os.mkdir(name, mode, dir_fd=fd)
+                except FileExistsError:
+                    pass
             parent, fd = fd, -1
             try:
-                fd = _step(parent, name, root, relative)
+                fd = _step(parent, name, (shown or Path(".")).joinpath(*names[:depth + 1]))
             finally:
                 os.close(parent)
     except BaseException:
@@ -122,15 +145,14 @@ def open_dir_beneath(root: str | os.PathLike[str], relative: str | os.PathLike[s
     return fd
 
 
-def _step(dir_fd: int, name: str, root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> int:
+def _step(dir_fd: int, name: str, where: Path) -> int:
     """Open directory ``name`` under ``dir_fd`` without following a link."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        return os.open(name, DIRECTORY_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            what = _what_is(dir_fd, name)
-            raise UnsafeFile(f"{Path(root) / relative}: {name!r} on the way is {what}, not a directory; "
-                             f"links are not followed below {root}") from None
+            raise UnsafeFile(f"{where} is {_what_is(dir_fd, name)}, not a directory; links are not followed "
+                             f"here", where) from None
         raise
 
 

@@ -25,7 +25,6 @@ May import: contracts.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import secrets
@@ -37,12 +36,11 @@ from pathlib import Path
 from typing import Sequence
 
 from evald.contracts.outside_paths import OutsidePathError, resolve, shown
-from evald.contracts.safe_open import kind_of
+from evald.contracts.safe_open import DIRECTORY_FLAGS, UnsafeFile, descend, kind_of
 
 STAGING_PREFIX = ".evald-export-partial-"
 _STAGING = re.compile(re.escape(STAGING_PREFIX) + r"(?P<host>[A-Za-z0-9._-]+)-(?P<pid>[0-9]{1,10})-[0-9a-f]{8}")
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
 _MAX_NAME_BYTES = 255  # NAME_MAX
 
@@ -217,7 +215,7 @@ class ExportTarget:
                     if not last:
                         parent, fd = fd, -1
                         try:
-                            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+                            fd = os.open(name, DIRECTORY_FLAGS, dir_fd=parent)
                         finally:
                             os.close(parent)
                 except FileNotFoundError:
@@ -262,7 +260,7 @@ def open_target(out: Path) -> ExportTarget:
     start a fresh staging directory in it."""
     created = _make_out(out)
     try:
-        out_fd = os.open(out, _DIR_FLAGS)
+        out_fd = os.open(out, DIRECTORY_FLAGS)
     except OSError as exc:
         raise ExportTargetError(f"--out {out} cannot be opened as a directory ({exc.strerror}); a link is not "
                                 f"followed there") from None
@@ -270,7 +268,7 @@ def open_target(out: Path) -> ExportTarget:
         removed = _remove_leftovers(out_fd)
         staging = f"{STAGING_PREFIX}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
         os.mkdir(staging, 0o700, dir_fd=out_fd)
-        staging_fd = os.open(staging, _DIR_FLAGS, dir_fd=out_fd)
+        staging_fd = os.open(staging, DIRECTORY_FLAGS, dir_fd=out_fd)
     except OSError as exc:
         os.close(out_fd)
         raise ExportTargetError(f"--out {out}: no staging directory can be made there ({exc.strerror}); give a "
@@ -331,28 +329,11 @@ def _open_dirs(base_fd: int, names: Sequence[str], *, create: bool, mode: int = 
                shown: Path | None = None) -> int:
     """A descriptor of directory ``base/names...``, each opened ``O_NOFOLLOW`` below its parent (created
     with ``mode`` when ``create``); ExportTargetError for a link or anything else that is no directory there."""
-    fd = os.dup(base_fd)
     try:
-        for depth, name in enumerate(names):
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, mode, dir_fd=fd)
-            try:
-                parent, fd = fd, -1
-                fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-            except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                    raise
-                where = (shown or Path(".")).joinpath(*names[:depth + 1])
-                raise ExportTargetError(f"{where} is no longer a directory (a link or a file was put there during the "
+        return descend(base_fd, list(names), create=create, mode=mode, shown=shown)
+    except UnsafeFile as exc:
+        raise ExportTargetError(f"{exc.path} is no longer a directory (a link or a file was put there during the "
                                 f"export); an export never writes through a link") from None
-            finally:
-                os.close(parent)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        raise
-    return fd
 
 
 def _write_all(fd: int, data: bytes) -> None:
