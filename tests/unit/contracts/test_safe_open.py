@@ -4,11 +4,11 @@ only, no link anywhere below the root, never blocking, bounded."""
 from __future__ import annotations
 
 import os
-import threading
 
 import pytest
 
 from evald.contracts.safe_open import UnsafeFile, list_beneath, open_beneath, read_beneath, walk_files
+from tests.bounded import within
 
 
 @pytest.fixture
@@ -22,22 +22,6 @@ def tree(tmp_path):
     return root, outside
 
 
-def _in_thread(fn):
-    """Run ``fn`` on a daemon thread and wait 10 s: a blocking open would still be running."""
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(10)
-    assert not thread.is_alive(), "the open blocked"
-    return result
-
-
 def test_a_regular_file_below_the_root_is_read(tree):
     root, _ = tree
     data, info = read_beneath(root, "a/b/f.json", 10)
@@ -47,8 +31,8 @@ def test_a_regular_file_below_the_root_is_read(tree):
 def test_a_fifo_is_refused_at_once_not_waited_on(tree):
     root, _ = tree
     os.mkfifo(root / "a" / "fifo")
-    result = _in_thread(lambda: read_beneath(root, "a/fifo", 10))
-    assert isinstance(result.get("error"), UnsafeFile) and "FIFO" in str(result["error"])
+    with pytest.raises(UnsafeFile, match="FIFO"):
+        within(10, lambda: read_beneath(root, "a/fifo", 10), release=[root / "a" / "fifo"], what="the open blocked")
 
 
 def test_a_link_as_the_last_component_is_refused(tree):

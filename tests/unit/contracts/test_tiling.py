@@ -7,32 +7,14 @@ gap, no overlap, every piece inside the shape, a duplicate is an overlap), whate
 from __future__ import annotations
 
 import itertools
-import threading
 
 import pytest
 
 from evald.contracts.partition import GAP, IRREGULAR, OUTSIDE, OVERLAP, untiled
 from evald.files import checkpoint2 as c2
+from tests.bounded import within
 
 BOUND_S = 2.0   # the issue's bound for anything the main loop does with a file of the checkpoint directory
-
-
-def _within(seconds: float, fn):
-    """``fn()`` on a daemon thread; its result, or a failure if it is still running after ``seconds``."""
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds}s"
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
 
 
 def _grid(shape, cuts):
@@ -46,7 +28,7 @@ def test_100k_chunks_of_an_uneven_grid_are_exact():
     cuts = [sorted({3, 17, *range(50, 1000, 4)}), sorted({1, 2, *range(10, 700, 3)})]
     boxes = _grid(shape, cuts)
     assert len(boxes) > 50_000
-    assert _within(BOUND_S, lambda: untiled(shape, boxes)) is None
+    assert within(BOUND_S, lambda: untiled(shape, boxes)) is None
 
 
 @pytest.mark.parametrize("shape,boxes,kind,which", [

@@ -6,44 +6,26 @@ here: the checks take a fraction of it."""
 from __future__ import annotations
 
 import itertools
-import threading
 
 from evald.contracts.partition import SliceSpec, tiling_problem
 from evald.files import checkpoint2 as c2
 from tests.checkpoint2_layout import many_chunks
+from tests.bounded import within
 
 BOUND_S = 2.0
 
 
-def _within(seconds: float, fn):
-    """``fn()`` on a daemon thread; its result, or a failure if it is still running after ``seconds``."""
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds}s"
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
-
-
 def test_a_metadata_json_of_12288_chunks_is_planned_well_within_the_bound(tmp_path):
     iter_dir = many_chunks(tmp_path / "checkpoint", 10, (96, 128))
-    params = _within(BOUND_S, lambda: c2.plan(iter_dir))
+    params = within(BOUND_S, lambda: c2.plan(iter_dir))
     assert len(params["w"].chunks) == 12_288 and params["w"].shape == (192, 256)
-    assert _within(BOUND_S, lambda: c2.committed(iter_dir)) == 10
+    assert within(BOUND_S, lambda: c2.committed(iter_dir)) == 10
 
 
 def test_100k_slices_of_parts_are_checked_well_within_the_bound():
     rows, cols = 250, 400
     pieces = [(f"part{i}", SliceSpec(((2 * r, 2 * r + 2), (2 * c, 2 * c + 2)), (2 * rows, 2 * cols)), (2, 2))
               for i, (r, c) in enumerate(itertools.product(range(rows), range(cols)))]
-    assert _within(BOUND_S, lambda: tiling_problem("w", pieces)) is None
+    assert within(BOUND_S, lambda: tiling_problem("w", pieces)) is None
     pieces[-1] = pieces[0]   # one slice twice (a gap where the last was)
-    assert "overlaps" in _within(BOUND_S, lambda: tiling_problem("w", pieces))
+    assert "overlaps" in within(BOUND_S, lambda: tiling_problem("w", pieces))

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from pathlib import Path
 
 from evald.daemon.fleet_key import FleetKey, fleet_key
 from evald.ledger.ledger import EVALUATED, Ledger, Record
 from evald.ledger.samples import identity_digest
+from tests.bounded import within
 
 SUITE = "mc"
 NETWORK = "0123456789abcdef"       # the cell identity's network half
@@ -79,29 +79,6 @@ BOUND_S = 60     # "no hang": a merge of a handful of small files takes well und
 
 
 def within_bound(call, *fifos: Path):
-    """``call()`` in a thread that must end within BOUND_S; a FIFO it blocks on is then opened for writing
-    (and for reading, and closed) so the thread ends and the test reports the hang instead of hanging."""
-    outcome: dict = {}
-
-    def run():
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:     # noqa: BLE001 - re-raised below, in the test's thread
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(BOUND_S)
-    hung = thread.is_alive()
-    while thread.is_alive():
-        for fifo in fifos:     # a reader blocks until a writer comes, a writer until a reader does
-            for flags in (os.O_WRONLY | os.O_NONBLOCK, os.O_RDONLY | os.O_NONBLOCK):
-                try:
-                    os.close(os.open(fifo, flags))
-                except OSError:
-                    pass
-        thread.join(0.1)
-    assert not hung, f"still running after {BOUND_S} s (blocked on a FIFO)"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    """``call()`` must end within BOUND_S; a FIFO it blocks on is then opened from the other side so the
+    thread ends and the test reports the hang instead of hanging."""
+    return within(BOUND_S, call, release=fifos, what="still running (blocked on a FIFO)")

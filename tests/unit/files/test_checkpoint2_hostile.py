@@ -14,13 +14,11 @@ Each call that once blocked runs on a thread that must finish within the issue's
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -32,6 +30,7 @@ from evald.files.recognise import CHECKPOINT2, Found, Pending, Rejected, recogni
 from evald.intake.intake import Intake
 from evald.ledger.ledger import FAILED, REJECTED, Ledger
 from tests.checkpoint2_layout import save
+from tests.bounded import within
 from tests.hostile import OTHER_UID, as_other_user, is_root
 
 BOUND_S = 2.0
@@ -39,33 +38,9 @@ TRACKER = "latest_checkpointed_iteration.txt"
 NAME = "checkpoint/iteration_00000010"
 
 
-def _release(fifos):
-    """Open each FIFO for writing without blocking: a reader stuck in open() (the defect) is let go."""
-    for fifo in fifos:
-        try:
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        except OSError as exc:
-            assert exc.errno in (errno.ENXIO, errno.ENOENT), exc
-
-
 def _within(fn, fifos=()):
-    """``fn()`` on a daemon thread that must finish within BOUND_S (a FIFO opened blocking never would)."""
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(BOUND_S)
-    if thread.is_alive():
-        _release(fifos)
-        raise AssertionError(f"blocked for more than {BOUND_S}s (a FIFO opened without O_NONBLOCK?)")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    """``fn()`` must finish within BOUND_S (a FIFO opened blocking never would)."""
+    return within(BOUND_S, fn, release=fifos, what="blocked (a FIFO opened without O_NONBLOCK?)")
 
 
 def _fifo(path: Path) -> Path:

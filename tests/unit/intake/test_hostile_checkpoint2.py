@@ -24,7 +24,6 @@ import dataclasses
 import json
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from evald.intake.intake import Intake
 from evald.ledger.ledger import QUEUED, REJECTED, Ledger
 from tests.checkpoint2_layout import save
 from tests.unit.intake.test_hostile_tree import Audit
+from tests.bounded import within
 
 BOUND_S = 20.0          # one whole example (a few iterations, thousands of chunks): never near it
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -276,29 +276,9 @@ def _bait(tmp: Path) -> Path:
 
 
 def _bounded(fn, tree: Path):
-    """``fn()`` on a daemon thread that must finish within BOUND_S; if it does not, every FIFO in ``tree`` is
-    opened for writing without blocking, which lets a reader stuck in open() (the defect) go."""
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(BOUND_S)
-    if thread.is_alive():
-        for directory, _, names in os.walk(tree):
-            for name in names:
-                try:
-                    os.close(os.open(os.path.join(directory, name), os.O_WRONLY | os.O_NONBLOCK))
-                except OSError:
-                    pass
-        raise AssertionError(f"the intake still runs after {BOUND_S}s (a FIFO opened blocking?)")
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    """``fn()`` must finish within BOUND_S; if it does not, every FIFO in ``tree`` is opened from the other
+    side, which lets a reader stuck in open() (the defect) go."""
+    return within(BOUND_S, fn, release=[tree], what="the intake still runs (a FIFO opened blocking?)")
 
 
 @settings(max_examples=200, deadline=None, database=None,
