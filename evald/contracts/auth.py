@@ -62,30 +62,22 @@ def write_group_key(path: str | os.PathLike) -> Path:
 
 
 def load_group_key(path: str | os.PathLike) -> bytes:
-    """The eval group's secret from ``path``: a regular file of evald's user that nobody else may read or
-    write (not a link), holding at least 32 bytes as hex. SecurityError naming the file and the fix."""
-    from evald.contracts.safe_open import UnsafeFile, read_beneath
+    """The eval group's secret from ``path`` (evald.contracts.secret_file: a regular file of evald's user
+    that nobody else may read or write), at least 32 bytes as hex. SecurityError naming the file and the fix."""
+    from evald.contracts.secret_file import SecretFileError, read_secret
 
-    path = Path(path)
     try:
-        data, info = read_beneath(path.parent, path.name, 4096)
-    except (OSError, UnsafeFile) as exc:
-        raise SecurityError(f"cannot read the eval group's key file {path}: {exc}") from None
-    if info.st_uid != os.geteuid():
-        raise SecurityError(f"the eval group's key file {path} belongs to uid {info.st_uid}, not evald's "
-                            f"{os.geteuid()}: whoever owns it can read or replace the group's secret")
-    if info.st_mode & 0o077:
-        raise SecurityError(f"the eval group's key file {path} is accessible to group/others (mode "
-                            f"{oct(info.st_mode & 0o777)}); run: chmod 600 {path} (and make a new key if others "
-                            f"may have read it)")
+        text = read_secret(path, "group.key_file", min_chars=2 * GROUP_KEY_BYTES, owner_only=True)
+    except FileNotFoundError:
+        raise SecurityError(f"group.key_file {path} does not exist; make one with `evald keys DIR` "
+                            f"(DIR/{GROUP_KEY_FILE}) and copy it to every host of the group") from None
+    except SecretFileError as exc:
+        raise SecurityError(str(exc)) from None
     try:
-        key = bytes.fromhex(data.decode("ascii").strip())
-    except (UnicodeDecodeError, ValueError):
-        key = b""
-    if len(key) < GROUP_KEY_BYTES:
-        raise SecurityError(f"the eval group's key file {path} does not hold at least {GROUP_KEY_BYTES} bytes as "
-                            f"hex; make one with `evald keys DIR` (DIR/{GROUP_KEY_FILE})")
-    return key
+        return bytes.fromhex(text)
+    except ValueError:
+        raise SecurityError(f"group.key_file {path} does not hold hex digits; make one with `evald keys DIR` "
+                            f"(DIR/{GROUP_KEY_FILE})") from None
 
 
 def generate_keypair(directory: str | os.PathLike, name: str) -> tuple[Path, Path]:

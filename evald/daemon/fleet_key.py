@@ -22,21 +22,17 @@ import contextlib
 import hashlib
 import hmac
 import os
-import re
 import secrets
 import socket
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from evald.contracts.layout import fsync_dir
-from evald.contracts.safe_open import UnsafeFile, read_beneath
+from evald.contracts.secret_file import OTHERS, SecretFileError, read_secret
 
 KEY_FILE = "fleet.key"
 KEY_ENV = "EVALD_FLEET_KEY_FILE"
-MIN_KEY_CHARACTERS = 32            # a key file's content (white space around it left out)
-MAX_KEY_BYTES = 4096
-_KEY_TEXT = re.compile(rb"[\x21-\x7e]{32,4096}")    # printable ASCII, no white space: what `openssl rand -hex 32` writes
+MIN_KEY_CHARACTERS = 32            # visible ASCII (evald writes 64 hex digits; so does `openssl rand -hex 32`)
 
 
 class FleetKeyError(ValueError):
@@ -77,51 +73,29 @@ def fleet_key(run_dir: Path, given: str | None, *, create: bool) -> FleetKey:
 
 
 def _run_key(run_dir: Path) -> FleetKey:
-    """RUN_DIR/fleet.key: a regular file of this user that nobody else may read or write, no link."""
-    shown = str(Path(run_dir) / KEY_FILE)
+    """RUN_DIR/fleet.key: a regular file of this user that nobody else may read or write, no link (two names
+    only for a moment, while _create links its temporary into place). FileNotFoundError when absent."""
+    path = Path(run_dir) / KEY_FILE
     try:
-        # two names for a moment while _create links its temporary into place
-        raw, info = read_beneath(run_dir, KEY_FILE, MAX_KEY_BYTES, single_link=False)
-    except UnsafeFile as exc:
-        raise FleetKeyError(f"{exc}; the fleet's key is not read from it: remove it") from None
-    except PermissionError:
-        raise FleetKeyError(f"{shown} cannot be read by this user (uid {os.getuid()}): run the workers and the merge "
-                            f"as the run's user, or give them the key with --fleet-key FILE") from None
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise FleetKeyError(f"{shown} is owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}: the "
-                            f"fleet's key must be this user's (uid {os.getuid()}) and readable by nobody else "
-                            f"(anyone who can read it can forge a cell): remove it and let the next worker create "
-                            f"a new one, or `chmod 600` it if only you could read it")
-    return FleetKey(_secret(raw, shown), shown)
+        text = read_secret(path, "the run's fleet key", min_chars=MIN_KEY_CHARACTERS, owner_only=True,
+                           follow_links=False, single_link=False)
+    except SecretFileError as exc:
+        raise FleetKeyError(f"{exc}. Run the workers and the merge as the run's user (a key another user could "
+                            f"read is removed and the next worker creates a new one), or give them the key with "
+                            f"--fleet-key FILE") from None
+    return FleetKey(text.encode("ascii"), str(path))
 
 
 def _given_key(path: Path) -> FleetKey:
     """A key file the operator names (a Kubernetes Secret's volume presents it through links: followed, as
-    for --config): a regular file, not readable or writable by others, its content the secret."""
-    shown = str(path)
+    for --config): a regular file that others may neither read nor write, its content the secret."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise FleetKeyError(f"--fleet-key {shown} cannot be opened ({exc.strerror or exc})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise FleetKeyError(f"--fleet-key {shown} is not a regular file")
-        if info.st_mode & 0o006:
-            raise FleetKeyError(f"--fleet-key {shown} has mode {stat.S_IMODE(info.st_mode):o}: others may read or "
-                                f"write it (anyone who can read it can forge a cell): `chmod o-rw` it")
-        raw = os.read(fd, MAX_KEY_BYTES + 1)
-    finally:
-        os.close(fd)
-    return FleetKey(_secret(raw, shown), shown)
-
-
-def _secret(raw: bytes, shown: str) -> bytes:
-    text = raw.strip()
-    if len(raw) > MAX_KEY_BYTES or not _KEY_TEXT.fullmatch(text):
-        raise FleetKeyError(f"{shown} is not a fleet key: {MIN_KEY_CHARACTERS} to {MAX_KEY_BYTES} printable ASCII "
-                            f"characters without white space (evald writes 64 hex digits; `openssl rand -hex 32` does too)")
-    return text
+        text = read_secret(path, "--fleet-key", min_chars=MIN_KEY_CHARACTERS, others=OTHERS)
+    except FileNotFoundError:
+        raise FleetKeyError(f"--fleet-key {path} does not exist") from None
+    except SecretFileError as exc:
+        raise FleetKeyError(str(exc)) from None
+    return FleetKey(text.encode("ascii"), str(path))
 
 
 def _create(run_dir: Path) -> None:

@@ -104,7 +104,7 @@ def test_a_runs_key_others_can_read_or_a_link_is_refused(tmp_path):
     run = make_run(tmp_path)
     run_key(run)
     os.chmod(run / KEY_FILE, 0o644)
-    with pytest.raises(FleetKeyError, match="readable by nobody else"):
+    with pytest.raises(FleetKeyError, match="others may read or write it"):
         fleet_key(run, None, create=False)
     (run / KEY_FILE).unlink()
     other = tmp_path / "other.key"
@@ -133,7 +133,7 @@ def test_a_key_file_given_with_fleet_key_seals_and_opens_the_fleet(tmp_path):
         fleet_key(run, str(secret), create=False)
     os.chmod(secret, 0o600)
     secret.write_text("short\n")
-    with pytest.raises(FleetKeyError, match="not a fleet key"):
+    with pytest.raises(FleetKeyError, match="does not hold a secret"):
         fleet_key(run, str(secret), create=False)
 
 

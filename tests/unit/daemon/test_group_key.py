@@ -27,17 +27,19 @@ def test_evald_keys_writes_a_private_group_key_that_loads(tmp_path):
 
 
 @pytest.mark.parametrize("problem,expected", [
-    ("mode", "accessible to group/others"),
-    ("link", "symbolic link"),
-    ("short", "at least 32 bytes"),
-    ("text", "at least 32 bytes"),
-    ("fifo", "FIFO"),
-    ("absent", "cannot read"),
+    ("mode", "others may read or write it"),
+    ("link to an open file", "others may read or write it"),
+    ("short", "does not hold a secret: one line of at least 64"),
+    ("spaces", "does not hold a secret"),
+    ("not hex", "does not hold hex digits"),
+    ("fifo", "is a FIFO, not a regular file"),
+    ("absent", "does not exist; make one with `evald keys DIR`"),
 ])
 def test_a_key_file_that_others_may_read_or_that_holds_no_key_is_refused(tmp_path, problem, expected):
     path = tmp_path / "group.key"
-    if problem == "link":
+    if problem == "link to an open file":
         real = write_group_key(tmp_path / "real.key")
+        real.chmod(0o644)
         path.symlink_to(real)
     elif problem == "fifo":
         os.mkfifo(path, 0o600)
@@ -47,10 +49,19 @@ def test_a_key_file_that_others_may_read_or_that_holds_no_key_is_refused(tmp_pat
             path.chmod(0o640)
         elif problem == "short":
             path.write_text("ab" * 16)
-        elif problem == "text":
+        elif problem == "spaces":
             path.write_text("not hex at all, not even close to a key of 32 bytes............")
+        elif problem == "not hex":
+            path.write_text("zz" * 32)
     with pytest.raises(SecurityError, match=expected):
         load_group_key(path)
+
+
+def test_a_key_file_named_through_a_link_is_read_like_a_mounted_secret(tmp_path):
+    """The operator's file may be a link (a Kubernetes Secret's volume shows its files through links)."""
+    real = write_group_key(tmp_path / "real.key")
+    (tmp_path / "group.key").symlink_to(real)
+    assert load_group_key(tmp_path / "group.key") == load_group_key(real)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="another owner is made with chown (root only)")
