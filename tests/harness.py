@@ -54,7 +54,8 @@ class Proc:
             raise AssertionError(f"{self.args[:4]} did not exit in {timeout}s; log:\n{self.output()[-4000:]}") from None
 
     def output(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # closed once the process was killed: the file holds everything
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def signal(self, sig: int) -> None:
@@ -72,9 +73,11 @@ class Proc:
 
 
 def start_trainer(tmp: Path, ckpt_dir: Path, env: dict[str, str], *, steps: int = 60, every: int = 20,
-                  loop: str = "model", extra: Sequence[str] = (), name: str = "trainer", cpu: int | None = 0
-                  ) -> Proc:
-    args = [PYTHON, "-m", "examples.tiny_lm.train", "--ckpt-dir", str(ckpt_dir), "--steps", str(steps),
+                  loop: str = "model", extra: Sequence[str] = (), name: str = "trainer", cpu: int | None = 0,
+                  program: Sequence[str] = ("examples.tiny_lm.train",)) -> Proc:
+    """examples/tiny_lm's trainer; ``program``: the module run with ``-m`` (and its own arguments) in its place,
+    one that takes the trainer's arguments too (tests/held_evald_trainer.py)."""
+    args = [PYTHON, "-m", *program, "--ckpt-dir", str(ckpt_dir), "--steps", str(steps),
             "--every", str(every), "--loop", loop, *extra]
     if cpu is not None:
         args += ["--cpu", str(cpu)]
