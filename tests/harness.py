@@ -76,7 +76,7 @@ def start_trainer(tmp: Path, ckpt_dir: Path, env: dict[str, str], *, steps: int 
                   loop: str = "model", extra: Sequence[str] = (), name: str = "trainer", cpu: int | None = 0,
                   program: Sequence[str] = ("examples.tiny_lm.train",)) -> Proc:
     """examples/tiny_lm's trainer; ``program``: the module run with ``-m`` (and its own arguments) in its place,
-    one that takes the trainer's arguments too (tests/held_evald_trainer.py)."""
+    one that takes the trainer's arguments too (tests/paced_trainer.py)."""
     args = [PYTHON, "-m", *program, "--ckpt-dir", str(ckpt_dir), "--steps", str(steps),
             "--every", str(every), "--loop", loop, *extra]
     if cpu is not None:

@@ -28,8 +28,9 @@ def test_patience_stops_training_at_the_announced_step(tmp_path, endpoints, proc
     evald = start_evald(tmp_path, endpoints, ["--lag-policy", "all", "--patience", "1", "--min-delta", "10",
                                               "--stop-margin-steps", "40"])
     procs.append(evald)
+    # in lockstep with evald (tests/paced_trainer.py): it cannot train past the stop before evald has decided it
     trainer = start_trainer(tmp_path, ckpt, endpoints, steps=400, every=10, loop=loop,
-                            extra=["--step-sleep", "0.05"])
+                            program=["tests.paced_trainer", "--lockstep"])
     procs.append(trainer)
     assert trainer.wait(400) == 0, trainer.output()[-3000:]
     assert evald.wait(180) == 0, evald.output()[-3000:]
@@ -37,6 +38,7 @@ def test_patience_stops_training_at_the_announced_step(tmp_path, endpoints, proc
     announced = int(re.search(r"training stops at step (\d+)", evald.output()).group(1))
     stopped = re.search(r"evald asked to stop training: stopping at step (\d+)", trainer.output())
     assert stopped and int(stopped.group(1)) == announced, trainer.output()[-2000:]
+    assert "paced: evald done with step 10 before the snapshot at step 20" in trainer.output()  # in lockstep
     assert announced < 400
     assert committed_steps(ckpt)[-1] == announced  # the final lightweight checkpoint
     summary = json.loads((run_dir(ckpt) / "summary.json").read_text())
@@ -79,10 +81,11 @@ def test_stop_for_an_earlier_run_is_ignored(tmp_path, endpoints, procs):
                                               "--stop-margin-steps", "40", "--serve-forever"])
     procs.append(evald)
     first = start_trainer(tmp_path, ckpt_a, endpoints, steps=400, every=10, loop="custom", name="first",
-                          extra=["--step-sleep", "0.05", "--run-id", "run-a"])
+                          extra=["--run-id", "run-a"], program=["tests.paced_trainer", "--lockstep"])
     procs.append(first)
-    assert first.wait(400) == 0
+    assert first.wait(400) == 0, first.output()[-3000:]
     assert "evald asked to stop training" in first.output()
+    assert "paced: evald done with step 10 before the snapshot at step 20" in first.output()  # in lockstep
     # evald keeps publishing run-a's stop; a new run on the same control channel must not obey it.
     second = start_trainer(tmp_path, tmp_path / "b", endpoints, steps=60, every=30, loop="custom",
                            name="second", extra=["--run-id", "run-b"])

@@ -1,7 +1,7 @@
 """Retention with real processes: a trainer with keep_last=2 snapshotting every 2 steps beside a real evald
 (--lag-policy all: every checkpoint is due).
 
-Which of the two is ahead is decided by events, not by the machine's speed (tests/held_evald_trainer.py): the
+Which of the two is ahead is decided by events, not by the machine's speed (tests/paced_trainer.py): the
 trainer first hears evald's control state, then stops evald (SIGSTOP) and trains on until its hook has skipped
 (with the leases) or deleted (without them) a snapshot, then lets evald go on.
 
@@ -50,14 +50,14 @@ class DirectoryWatch:
 
 def run(tmp_path, endpoints, procs, evald_env, *, hold_until: str, await_release: bool = False
         ) -> tuple[list[int], dict, int, object, str]:
-    """evald, and a trainer (100 steps, keep_last 2) that holds it back (tests/held_evald_trainer.py) from its
+    """evald, and a trainer (100 steps, keep_last 2) that holds it back (tests/paced_trainer.py) from its
     first snapshot until its hook's ``hold_until`` count is 1; (committed steps, hook stats, most snapshots on
     disk at once, checkpoint directory, the trainer's log)."""
     ckpt = tmp_path / "ckpt"
     evald = start_evald(tmp_path, evald_env, EVALD_ARGS)
     procs.append(evald)
     watch = DirectoryWatch(ckpt)
-    holder = ["tests.held_evald_trainer", "--evald-pid", str(evald.popen.pid),
+    holder = ["tests.paced_trainer", "--hold-evald", str(evald.popen.pid),
               "--control-endpoint", evald_env["EVALD_CONTROL_ENDPOINT"], "--hold-until", hold_until,
               *(["--await-release"] if await_release else [])]
     trainer = start_trainer(tmp_path, ckpt, endpoints, steps=100, every=2, loop="custom",
@@ -72,8 +72,8 @@ def run(tmp_path, endpoints, procs, evald_env, *, hold_until: str, await_release
 
 
 def held_phases(trainer_output: str) -> list[str]:
-    """What tests/held_evald_trainer.py did, in order: heard, stopped, continued, released."""
-    return re.findall(r"held evald: (?:evald (?:\d+ )?)?(heard|stopped|continued|released)", trainer_output)
+    """What tests/paced_trainer.py did, in order: heard, stopped, continued, released."""
+    return re.findall(r"paced: (?:evald (?:\d+ )?)?(heard|stopped|continued|released)", trainer_output)
 
 
 @pytest.mark.smoke

@@ -218,14 +218,16 @@ def test_an_authorised_trainer_is_evaluated_and_stopped_over_curve(tmp_path, pro
                                                "--stop-margin-steps", "40"])
     procs.append(evald)
     ckpt = tmp_path / "ckpt"
+    # in lockstep with evald (tests/paced_trainer.py, hearing it over CURVE too): it cannot train past the stop
     trainer = start_trainer(tmp_path, ckpt, trainer_host, steps=400, every=10, loop="custom",
-                            extra=["--step-sleep", "0.05"])
+                            program=["tests.paced_trainer", "--lockstep"])
     procs.append(trainer)
     assert trainer.wait(400) == 0, trainer.output()[-3000:]
     assert evald.wait(180) == 0, evald.output()[-3000:]
     announced = int(re.search(r"training stops at step (\d+)", evald.output()).group(1))
     stopped = re.search(r"evald asked to stop training: stopping at step (\d+)", trainer.output())
     assert stopped and int(stopped.group(1)) == announced < 400, trainer.output()[-2000:]
+    assert "paced: evald done with step 10 before the snapshot at step 20" in trainer.output()  # in lockstep
     assert committed_steps(ckpt)[-1] == announced
     assert f"serving {ckpt.resolve()}" in evald.output()
     assert "PLAINTEXT" not in evald.output() + trainer.output()

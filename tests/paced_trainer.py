@@ -1,10 +1,16 @@
-"""examples/tiny_lm's trainer (its custom loop, unchanged) holding a real evald back at a known point, for
-tests/e2e/test_retention_e2e.py: which of the two is ahead is decided by events, not by the machine's speed.
+"""examples/tiny_lm's trainer (unchanged: either loop) paced by a real evald's events, so that a test of the two
+side by side does not depend on which of them the machine runs faster.
 
-    python -m tests.held_evald_trainer --evald-pid PID --control-endpoint EP --hold-until skipped \
-        [--await-release] TRAIN_ARGS...    (TRAIN_ARGS: examples.tiny_lm.train's, --loop custom)
+    python -m tests.paced_trainer [--control-endpoint EP] PACING TRAIN_ARGS...   (TRAIN_ARGS: examples.tiny_lm.train's)
 
-At the start of the hook's ``step_end`` calls, in this order:
+PACING is one of:
+
+``--lockstep``: before each snapshot after the first, wait until evald is done with the previous one (its control
+state on EP names it released or best), so that evald is never more than one checkpoint behind: its decisions
+(an early stop at ``newest checkpoint + margin``) reach the trainer before it has trained past them.
+
+``--hold-evald PID --hold-until {skipped,deleted} [--await-release]`` (tests/e2e/test_retention_e2e.py), at the
+start of the hook's ``step_end`` calls, in this order:
 
 1. before the first snapshot: wait until evald's control state for this run has been heard twice on EP (evald has
    attached the directory, watches it and publishes; the hook's own subscribers, connected when the hook was
@@ -18,8 +24,8 @@ At the start of the hook's ``step_end`` calls, in this order:
 5. with ``--await-release``, before the next snapshot: wait until evald's state releases a step that is still on
    disk (evaluated, not the best), so that the budget deletes an evaluated snapshot during the rest of the run.
 
-Each phase is printed ("held evald: ..."). A wait longer than ``HANG_S`` is a hang: exit 3, saying what was awaited.
-evald is always let go again (SIGCONT) before this process exits.
+EP defaults to EVALD_CONTROL_ENDPOINT. Each phase is printed ("paced: ..."). A wait longer than ``HANG_S`` is a
+hang: exit 3, saying what was awaited. A held evald is always let go again (SIGCONT) before this process exits.
 """
 
 from __future__ import annotations
@@ -35,17 +41,25 @@ HANG_S = 200.0   # below the 300 s the tests give the trainer, so that they show
 HANG_EXIT = 3
 
 
-class HeldEvald:
-    """The phases above, for one hook; ``at_step_start`` runs first in every ``step_end``."""
+class Pacing:
+    """What the options above ask for, for one hook; ``at_step_start`` runs first in every ``step_end``."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.evald_pid, self.endpoint = args.evald_pid, args.control_endpoint
-        self.hold_until, self.await_release = args.hold_until, args.await_release
-        self.phase = "hear"
+        self.endpoint, self.lockstep = args.control_endpoint, args.lockstep
+        self.evald_pid, self.hold_until, self.await_release = args.hold_evald, args.hold_until, args.await_release
+        self.phase = "hear" if self.evald_pid else "done"
         self.stopped = False
         self._subscriber: Any = None
 
     def at_step_start(self, hook: Any, step: int) -> None:
+        if self._subscriber is None:
+            from trainer_hooks.stop_agreement import ControlSubscriber
+
+            self._subscriber = ControlSubscriber(self.endpoint, hook.run_id)
+        if self.lockstep and step % hook.every_n_steps == 0 and step > hook.every_n_steps:
+            previous = step - hook.every_n_steps
+            wait(lambda: self._done_with(previous), f"evald to be done with step {previous}")
+            say(f"evald done with step {previous} before the snapshot at step {step}")
         if self.phase == "hear":
             self._hear_twice(hook.run_id)
             os.kill(self.evald_pid, signal.SIGSTOP)
@@ -71,12 +85,13 @@ class HeldEvald:
         say(f"evald {self.evald_pid} continued {why}")
 
     def _hear_twice(self, run_id: str) -> None:
-        from trainer_hooks.stop_agreement import ControlSubscriber
-
-        self._subscriber = ControlSubscriber(self.endpoint, run_id)
         first = wait(self._subscriber.poll, f"evald's control state for run {run_id} on {self.endpoint}")
         wait(lambda: self._subscriber.poll() is not first, "evald's control state a second time")
         say(f"heard evald's control state for run {run_id}")
+
+    def _done_with(self, step: int) -> bool:
+        state = self._subscriber.poll()
+        return state is not None and (step in state.released or step == state.best_step)
 
     def _held_count(self, hook: Any) -> int:
         retention = hook.writer.retention
@@ -91,7 +106,7 @@ class HeldEvald:
 
 
 def say(text: str) -> None:
-    print(f"held evald: {text}", flush=True)
+    print(f"paced: {text}", flush=True)
 
 
 def wait(predicate: Callable[[], Any], what: str) -> Any:
@@ -107,35 +122,48 @@ def wait(predicate: Callable[[], Any], what: str) -> Any:
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--evald-pid", type=int, required=True)
-    p.add_argument("--control-endpoint", required=True, help="where evald publishes its control state")
-    p.add_argument("--hold-until", choices=("skipped", "deleted"), required=True)
+    p.add_argument("--control-endpoint", default=os.environ.get("EVALD_CONTROL_ENDPOINT"),
+                   help="where evald publishes its control state")
+    p.add_argument("--lockstep", action="store_true")
+    p.add_argument("--hold-evald", type=int, metavar="PID")
+    p.add_argument("--hold-until", choices=("skipped", "deleted"))
     p.add_argument("--await-release", action="store_true")
-    return p.parse_known_args(argv)
+    args, train_args = p.parse_known_args(argv)
+    if not args.control_endpoint:
+        p.error("no --control-endpoint and no EVALD_CONTROL_ENDPOINT")
+    if (args.hold_evald is None) != (args.hold_until is None) or (args.await_release and not args.hold_evald):
+        p.error("--hold-evald and --hold-until go together; --await-release needs them")
+    if not (args.lockstep or args.hold_evald):
+        p.error("no pacing: give --lockstep or --hold-evald")
+    return args, train_args
 
 
 def main(argv: list[str] | None = None) -> int:
     args, train_args = parse_args(argv)
-    held = HeldEvald(args)
+    pacing = Pacing(args)
 
     import trainer_hooks
-    from examples.tiny_lm import train
+    from trainer_hooks import hook as hook_module
 
-    class HeldEvaldHook(trainer_hooks.EvaldHook):
+    class PacedHook(hook_module.EvaldHook):
         def step_end(self, step: int, **kwargs: Any) -> bool:
-            held.at_step_start(self, step)
+            pacing.at_step_start(self, step)
             return super().step_end(step, **kwargs)
 
         def train_end(self, final_step: int, **kwargs: Any) -> None:
-            if held.phase == "hold":
-                held.let_go(f"at the end of training, the hook's {held.hold_until} count still 0: {self.stats()}")
+            if pacing.phase == "hold":
+                pacing.let_go(f"at the end of training, the hook's {pacing.hold_until} count still 0: {self.stats()}")
             super().train_end(final_step, **kwargs)
 
-    trainer_hooks.EvaldHook = HeldEvaldHook  # what train.main imports when it starts
+    # what train.main's loops use: the custom loop imports trainer_hooks.EvaldHook when it starts, and
+    # EvaldCallback (Model.train) trainer_hooks.hook's when it is first imported, which is after this
+    hook_module.EvaldHook = trainer_hooks.EvaldHook = PacedHook
+    from examples.tiny_lm import train
+
     try:
-        return train.main([*train_args, "--loop", "custom"])  # the loop that calls EvaldHook.step_end
+        return train.main(train_args)
     finally:
-        held.let_go("as the trainer exits")
+        pacing.let_go("as the trainer exits")
 
 
 if __name__ == "__main__":
