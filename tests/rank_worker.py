@@ -18,6 +18,12 @@ Result (JSON at ``--out``): {"rank", "stopped_at", "reason", "steps_run",
 
 ``--mode local`` is the broken design that agreement exists to prevent: rank 0
 stops on local receipt of the control message, without a collective.
+
+``--await-stop``: rank 0 starts its last step only once its subscriber has a
+stop for this run (the others wait in that step's collective), so that a stop
+published at any moment of the run is agreed within it however slowly the
+publisher runs beside the ranks; a wait longer than ``--timeout`` / 2 (below the
+others' collective timeout) is a hang: rank 0 exits ``HANG_EXIT``.
 """
 
 from __future__ import annotations
@@ -96,6 +102,15 @@ class FileAllReduce:
         return total
 
 
+def await_stop(agreement: StopAgreement, timeout_s: float) -> None:
+    """Return once rank 0's subscriber has a stop for this run; CollectiveTimeout after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while agreement.agreed_stop_step is None and agreement.local_stop_step() is None:
+        if time.monotonic() > deadline:
+            raise CollectiveTimeout(f"rank 0: no stop heard after {timeout_s:.1f}s of --await-stop")
+        time.sleep(0.005)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rank", type=int, required=True)
@@ -112,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds a collective may wait before the rank exits as hung")
     p.add_argument("--mode", choices=("agree", "local"), default="agree")
+    p.add_argument("--await-stop", action="store_true",
+                   help="rank 0 starts the last step only once it has heard a stop (see above)")
     args = p.parse_args(argv)
 
     rng = random.Random(args.seed * 1000 + args.rank)
@@ -124,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
     try:
         for step in range(1, args.steps + 1):
+            if args.await_stop and subscriber is not None and step == args.steps:
+                await_stop(agreement, args.timeout / 2)
             time.sleep(rng.uniform(0.0, args.step_sleep))
             reduce_sum(np.array([args.rank, 1], dtype=np.int64))  # the "gradient AllReduce"
             result["steps_run"] = step

@@ -122,7 +122,9 @@ def _publish_stop_as_other_user(endpoint: str, run_id: str, seconds: float) -> i
 
 
 def _stopped_by_forgery(endpoint: str, monkeypatch, allow_plaintext: bool) -> bool:
-    """A trainer (the real subscriber and agreement) polls for 3 s while another user publishes a stop."""
+    """A trainer (the real subscriber and agreement) polls for as long as another user publishes a stop (4 s
+    from its bind): subscribed before the publisher starts and stepping until it has ended, however slowly
+    either of them runs, so that "not stopped" means no stop was accepted, not that none had arrived yet."""
     import threading
 
     if allow_plaintext:
@@ -132,12 +134,13 @@ def _stopped_by_forgery(endpoint: str, monkeypatch, allow_plaintext: bool) -> bo
     result: dict[str, int] = {}
     publisher = threading.Thread(target=lambda: result.setdefault("code", _publish_stop_as_other_user(
         endpoint, "victim", 4.0)))
-    publisher.start()
-    time.sleep(0.5)
     agreement = StopAgreement(rank=0, world_size=1, subscriber=ControlSubscriber(endpoint, "victim"))
     stopped = False
     try:
-        for step in range(1, 300):
+        publisher.start()
+        step = 0
+        while publisher.is_alive():
+            step += 1
             if agreement.should_stop(step):
                 stopped = True
                 break
