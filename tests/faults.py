@@ -346,15 +346,23 @@ def _dump_weights(out: str) -> None:
 
 
 def _writer(args: argparse.Namespace) -> None:
-    """Commit checkpoints first_step, first_step+every, ... pausing inside each write."""
+    """Commit checkpoints first_step, first_step+every, ... pausing inside each write; with --hold-at N, the write
+    of the N-th (from 0) never commits: it waits before its rename until the process is killed (mid-write whenever
+    the kill comes, however slowly the killer runs)."""
     with np.load(args.weights) as data:
         base = {name: data[name] for name in data.files}
     rng = random.Random(args.seed)
     step = args.first_step
-    for _ in range(args.count):
+    for index in range(args.count):
         pause = rng.uniform(0, args.pause_before_commit)
+
+        def before_commit(_tmp: Path, held: bool = index == args.hold_at, pause: float = pause) -> None:
+            while held:
+                time.sleep(1)
+            time.sleep(pause)
+
         path = layout.write_checkpoint(Path(args.ckpt_dir), step, weights_for_step(step, base),
-                                       run_id=args.run_id, before_commit=lambda _tmp: time.sleep(pause))
+                                       run_id=args.run_id, before_commit=before_commit)
         print(f"committed {step} {path.name}", flush=True)
         step += args.every
         time.sleep(args.interval)
@@ -463,6 +471,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=1)
     p.add_argument("--count", type=int, default=1000)
     p.add_argument("--pause-before-commit", type=float, default=0.2)
+    p.add_argument("--hold-at", type=int, default=None, metavar="N",
+                   help="the N-th write (from 0) waits before its commit until the process is killed")
     p.add_argument("--interval", type=float, default=0.0)
     p.add_argument("--run-id", default="faults")
     p.add_argument("--seed", type=int, default=0)

@@ -119,7 +119,9 @@ def _fuzz(tmp_path: Path, procs: list, count: int, seed: int) -> dict:
     sampler.join()
     rss_after = faults.rss_kb(evald.popen.pid)
     alive = evald.popen.poll() is None
-    time.sleep(1.5)  # one more thread list from the audit hook
+    listed = len(hostile.Audit(audit_path).threads)  # the audit hook lists the threads every second: one more list
+    wait_for(lambda: evald.popen.poll() is not None or len(hostile.Audit(audit_path).threads) > listed, 120,
+             "a thread list after the flood", interval=0.5)
     audit_threads = hostile.Audit(audit_path).threads
     evald.signal(signal.SIGTERM)
     code = evald.wait(120)

@@ -40,8 +40,8 @@ def test_sigterm_finishes_the_current_evaluation_and_exits_0(tmp_path, procs):
     procs.append(evald)
     # the weights in place and the evaluation under way (a signal during the read stops the read: exit 1)
     wait_for(lambda: "step_000000020 swapped in" in evald.output(), 240, "step 20 being evaluated", interval=0.05)
+    signalled = time.time()  # taken before the signal: a test process descheduled after sending it cannot date it late
     evald.signal(signal.SIGTERM)
-    signalled = time.time()
     assert evald.wait(120) == 0, evald.output()[-3000:]
     log = evald.output()
     assert "signal received: finishing this evaluation, then exiting" in log and "evald stopped" in log

@@ -249,8 +249,9 @@ def test_polling_observer_alone_finds_a_new_checkpoint(tmp_path, procs):
     # No ZeroMQ, and a rescan interval far beyond the test: only the polling observer can find it.
     evald = faults.start(tmp_path, ckpt, "--tuning", '{"watch": "polling", "polling_interval_s": 0.5, "rescan_interval_s": 1000}')
     procs.append(evald)
+    # "serving" comes after evald's first rescan and after the observer's first snapshot (watchdog takes it inside
+    # schedule(), in its emitter's start()): a checkpoint committed now is a change only the observer reports
     wait_for(lambda: "serving " in evald.output(), 120, "evald attached")
-    time.sleep(1.5)  # past the observer's first snapshot
     faults.commit(ckpt, 10)
     wait_for(lambda: _evaluated(ckpt) == [10], 180, "step 10 evaluated")
     evald.signal(signal.SIGTERM)
@@ -280,12 +281,14 @@ def _kill_writer_mid_write(tmp_path: Path, procs: list, *, kills: int, seed: int
         assert attempts <= 3 * kills, f"only {orphans} of {attempts} kills landed mid-write"
         next_step = max(committed_steps(ckpt), default=0) + 1
         before = set(faults.temp_dirs(ckpt))
+        # Let it commit a few, then kill it while a temp dir exists: mid-write by construction (--hold-at: that
+        # write waits before its rename until killed, so a kill that comes late still lands mid-write)
+        target = rng.randint(0, 3)
         writer = Proc([PYTHON, "-m", "tests.faults", "writer", "--ckpt-dir", str(ckpt), "--weights",
                        str(weights), "--first-step", str(next_step), "--pause-before-commit", "0.4",
-                       "--seed", str(rng.randrange(1 << 30))], base_env(), tmp_path / f"writer{attempts:02d}.log")
+                       "--hold-at", str(target), "--seed", str(rng.randrange(1 << 30))], base_env(),
+                      tmp_path / f"writer{attempts:02d}.log")
         procs.append(writer)
-        # Let it commit a few, then kill it while a temp dir exists: mid-write by construction.
-        target = rng.randint(0, 3)
         wait_for(lambda: writer.output().count("committed") >= target or writer.popen.poll() is not None,
                  60, "writer commits")
         wait_for(lambda: set(faults.temp_dirs(ckpt)) - before, 60, "a checkpoint being written", interval=0.01)
