@@ -244,7 +244,8 @@ def layout_text(cover: Mapping[str, Any]) -> str:
 
 def layout_summary(text: str):
     """The custom_scalars summary of a layout record (tensorboardX builds it; evald's categories
-    after the first two are closed, which tensorboardX's helper cannot say)."""
+    after the first two are closed, and each lists its charts so that TensorBoard shows them in the
+    layout's order: ``shown_in_order``; neither can tensorboardX's helper say)."""
     from tensorboardX.proto import layout_pb2
     from tensorboardX.summary import custom_scalars
 
@@ -253,5 +254,19 @@ def layout_summary(text: str):
     proto = layout_pb2.Layout.FromString(value.tensor.string_val[0])
     for category in proto.category:
         category.closed = category.title in CLOSED
+        charts = shown_in_order(list(category.chart))
+        del category.chart[:]
+        category.chart.extend(charts)
     value.tensor.string_val[0] = proto.SerializeToString()
     return summary
+
+
+def shown_in_order(charts: list) -> list:
+    """A category's charts (layout protos, multi-line charts before margin charts) listed so that
+    TensorBoard's Custom Scalars page shows them in this order: it shows a category's multi-line charts
+    in the order listed, then its margin charts in reverse (TensorBoard 2.21's tf-category-paginated-view
+    inserts each chart's two templates, one per kind, at the chart's index among the templates already
+    inserted). So the margin charts are listed reversed: a suite's tasks, and "eval loss ± SE" before
+    the monitor's chart, read in the layout's order."""
+    return ([c for c in charts if not c.HasField("margin")]
+            + [c for c in reversed(charts) if c.HasField("margin")])

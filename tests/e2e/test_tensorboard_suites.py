@@ -27,7 +27,7 @@ from evald.ledger.ledger import EVALUATED, Ledger, Record
 from evald.pipeline.pipeline import SuiteEvaluated
 from evald.sinks.tensorboard import TensorBoardSink
 from evald.ledger.samples import identity_digest
-from tests.tensorboard_http import TensorBoard
+from tests.tensorboard_http import TensorBoard, on_the_page
 
 STEPS = [50, 100, 150, 200, 250, 300, 350, 400]
 # the demo's suites (examples/tiny_lm/benchmarks.py): bits per byte on 13 held-out packages, a task each
@@ -119,6 +119,10 @@ def test_each_task_of_each_suite_is_a_labelled_chart_whose_every_point_shows(tmp
         drawn = [t for t in tags if any(re.search(regex, t) for regex in chart["multiline"]["tag"])]
         return [(t, points, [v for _, v in points]) for t in drawn for points in [tensorboard.custom_scalars("run/eval", t)]]
 
+    for category in layout["category"]:  # a suite's tasks in order, as the page shows them
+        if category["title"].startswith("benchmark suite "):
+            titles = on_the_page([(chart["title"], "margin" in chart) for chart in category["chart"]])
+            assert titles == sorted(titles), titles
     charts = [(chart, series(chart)) for category in layout["category"] if not category.get("closed")
               for chart in category["chart"]]
     wrong = []
