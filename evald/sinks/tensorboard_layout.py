@@ -5,10 +5,11 @@ metric sorts first (``accuracy``), not on loss. TensorBoard's own ``custom_scala
 shows a layout the writer chooses, in the order it chooses; evald writes one per run:
 
 1. "loss and <monitor>": train and eval loss on one chart (``^Loss$`` matches the tag in both
-   sub-runs), eval loss ± one standard error, and the monitored metric ± its SE;
-2. "eval metrics ± standard error": every other eval metric as a margin chart (value, value - SE,
+   sub-runs), eval loss ± one standard error, and the monitored metric ± its SE (a suite's too);
+2. "benchmark suite <suite>", one category per suite (below);
+3. "eval metrics ± standard error": every other eval metric as a margin chart (value, value - SE,
    value + SE) in place of a chart of its own for the SE;
-3. "sample quality" and 4. "evald" (timings, lag, queue, counts: bookkeeping), both closed.
+4. "sample quality" and 5. "evald" (timings, lag, queue, counts: bookkeeping), both closed.
 
 Shown tags (the ledger keeps its own names): a metric's standard error ``eval/<m>_se`` is written
 as ``σ/<m>/lower`` and ``σ/<m>/upper`` (the margin's bounds) beside a copy of the value, ``σ/<m>``:
