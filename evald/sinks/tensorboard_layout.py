@@ -255,7 +255,7 @@ def layout_summary(text: str):
     proto = layout_pb2.Layout.FromString(value.tensor.string_val[0])
     for category in proto.category:
         category.closed = category.title in CLOSED
-        charts = shown_in_order(list(category.chart))
+        charts = [layout_pb2.Chart.FromString(c.SerializeToString()) for c in shown_in_order(list(category.chart))]
         del category.chart[:]
         category.chart.extend(charts)
     value.tensor.string_val[0] = proto.SerializeToString()
