@@ -37,3 +37,16 @@ def without_cached_decoding(network: ms.nn.Cell) -> ms.nn.Cell:
     """The same network without its cached-decoding methods (init_cache, extend): what a network without
     the interface looks like to evald, which then generates with the full forward."""
     return _ForwardOnly(network)
+
+
+class NoNetworkYet:
+    """What evald --serve's Serving is given before the first checkpoint is swapped in: no network to serve."""
+
+    network = None
+    tensor_parallel = False
+
+    def held(self) -> None:
+        return None
+
+    def group_scorer(self, scorer):
+        return scorer
