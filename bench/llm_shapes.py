@@ -116,7 +116,7 @@ def time_old_generation(old_scorer: Any, context: list[int], new_tokens: int, ev
     token to all the tokens evald generated (``evald_out``, in ``evald_s``); its tokens against evald's first row."""
     import numpy as np
 
-    from evald.pipeline.suites.scoring import GenerateRequest
+    from evald.pipeline.engine import GenerateRequest
 
     n = old_scorer.bucket_for(len(context) + new_tokens)
     old_scorer._next_tokens(np.zeros((1, n), np.int32), np.zeros(1, np.int32))
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     from lm_eval import utils as lm_utils
 
-    from evald.pipeline.suites.scoring import ForkReads, GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
+    from evald.pipeline.engine import ForkReads, GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
     from evald.pipeline.tasks.generation import ExtendStep
     from examples.llm_decoder.model import build_model
 

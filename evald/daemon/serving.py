@@ -40,7 +40,7 @@ from evald.contracts.partition import source_exists
 from evald.ledger.ledger import EVALUATED, Ledger, Record
 from evald.pipeline.network import Held
 from evald.pipeline.pipeline import ServablePipeline
-from evald.pipeline.suites.scoring import TokenScorer, model_max_length
+from evald.pipeline.engine import TokenScorer, model_max_length
 from evald.pipeline.suites.tokenizer import Tokenizer, build_tokenizer
 from evald.serve.app import Context, build_app
 from evald.serve.http_thread import HttpThread, ServeError

@@ -21,7 +21,7 @@ Generation on a group ignores the adapter's stop callables and runs each row to 
 ``max_new_tokens``; the adapter cuts the text at the first stop string, which is where a single
 device stopped (greedy decoding: the tokens before it are the same).
 
-May import: the suites' scoring and the group's protocol.
+May import: the pipeline's engine and the group's protocol.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from evald.pipeline.group.protocol import ERROR, GENERATE, OK, SCORE, WARM, Group, GroupError
-from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer, TokenScores, shared_rows
+from evald.pipeline.engine import GenerateRequest, ScoreRequest, TokenScorer, TokenScores, shared_rows
 
 log = logging.getLogger("evald.group")
 

@@ -5,7 +5,7 @@ the scorer's bucket lengths can be fitted to the suite's own rows before its gra
 Why a dry run through lm-eval, not a guess from the documents: the rows are what lm-eval asks for (few-shot
 contexts, rolling windows, shared contexts and forks as the scorer makes them), and only lm-eval knows them.
 
-May import: the suites' scorer types (evald.pipeline.suites.scoring).
+May import: the engine's request types (evald.pipeline.engine).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScores
+from evald.pipeline.engine import GenerateRequest, ScoreRequest, TokenScores
 
 
 class PlanningScorer:

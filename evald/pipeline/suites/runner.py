@@ -25,7 +25,7 @@ fails with that reason; lm-eval would otherwise take the argmax over NaN (choice
 plain accuracy. The per-sample records are checked, and the adapter's own count of non-finite
 scores backs them (a task whose records drop its responses is caught as well).
 
-May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset, task_files modules.
+May import: config, contracts, the pipeline's engine, and its tokenizer, lm_adapter, subset, task_files modules.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from evald.config.options import SuiteOptions
-from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.engine import TokenScorer
 from evald.pipeline.suites.task_files import task_manager
 from evald.pipeline.subset import select_subset
 from evald.pipeline.suites.tokenizer import Tokenizer, tokenizer_hash
