@@ -31,7 +31,7 @@ from evald.decisions.monitor_targets import parse_suite_monitor
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
 from evald.ledger.schema import BACKFILL_REQUESTS, DROPPED, MALFORMED, Cell
 from evald.ledger.samples import SampleFileError, samples_of, write_samples
-from evald.pipeline.pipeline import EvaluationPipeline, Failed, Retry, SuiteEvaluated
+from evald.pipeline.seam import EvaluationPipeline, Failed, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.pipeline.suites.tokenizer import TokenizerChanged, check_unchanged
 from evald.sinks import tensorboard_layout
@@ -64,8 +64,7 @@ def on_built(ledger: Ledger, pipeline: EvaluationPipeline, run_id: str | None = 
             check_unchanged(recorded, str(runner.identity["tokenizer"]),
                             max(ledger.step_numbers(), default=0))
         except TokenizerChanged as exc:
-            pipeline.suites.pop(name)
-            pipeline.suite_errors[name] = str(exc)
+            pipeline.refuse_suite(name, str(exc))
             log.error("suite %s not run: %s", name, exc)
             continue
         if recorded is None:
@@ -226,8 +225,7 @@ class SuiteMonitor:
 def evaluate_cells(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path, run_dir: Path, *, max_attempts: int,
                    step: int | None = None, monitor: SuiteMonitor | None = None) -> bool:
     """Evaluate the queued cells of ``step``, or else the newest queued cell; True if one was run."""
-    runnable = [c for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
-                and c.identity == pipeline.suites[c.suite].cell_identity]
+    runnable = _runnable(ledger, pipeline)
     if step is not None:
         chosen = [c for c in runnable if c.step == step]
     else:
@@ -239,8 +237,13 @@ def evaluate_cells(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path,
 
 def waiting_cells(ledger: Ledger, pipeline: EvaluationPipeline) -> int:
     """Queued cells this evald can run (a suite that is not built cannot hold the run open)."""
-    return sum(1 for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
-               and c.identity == pipeline.suites[c.suite].cell_identity)
+    return len(_runnable(ledger, pipeline))
+
+
+def _runnable(ledger: Ledger, pipeline: EvaluationPipeline) -> list[Cell]:
+    """The queued cells of built suites, of each one's current cell identity."""
+    identities = {name: runner.cell_identity for name, runner in pipeline.suites.items()}
+    return [c for c in ledger.cells(QUEUED) if c.suite is not None and identities.get(c.suite) == c.identity]
 
 
 def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path, run_dir: Path, cell: Cell,

@@ -22,7 +22,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from evald.config import EvaldConfig, factory_spec
 from evald.contracts.safetensors_io import ReadInterrupted
@@ -46,13 +46,13 @@ log = logging.getLogger("evald.pipeline.pipeline")
 
 
 class Pipeline:
-    def __init__(self, should_abort: ShouldAbort, group: Group | None = None, device_selected: bool = False) -> None:
+    def __init__(self, should_abort: ShouldAbort, group: Group | None = None, device_selected: bool = False,
+                 keep_alive: Callable[[], None] = lambda: None) -> None:
         """``device_selected``: this process has chosen its device already (an eval group's ranks do before
-        init(); so does a process whose MindSpore runtime already runs kernels, where choosing fails)."""
-        self.should_abort = should_abort
-        # called between the steps of building the network (graphs compile for seconds each): the server sets it
-        # to republish its control state, so that a trainer that connects meanwhile hears evald and its leases
-        self.keep_alive: Callable[[], None] = lambda: None
+        init(); so does a process whose MindSpore runtime already runs kernels, where choosing fails).
+        ``keep_alive`` is called between the steps of building the network (graphs compile for seconds each):
+        the server's republishes its control state, so that a trainer that connects meanwhile hears evald."""
+        self.should_abort, self.keep_alive = should_abort, keep_alive
         self.group = group  # an eval group's rank 0 (evald.pipeline.group.protocol.Group): every rank builds and evaluates
         self.evaluator: Evaluator | GroupEvaluator | None = None  # a group's rank 0 holds a GroupEvaluator
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
@@ -158,11 +158,11 @@ class Pipeline:
 
     # -- the benchmark suites (evald.pipeline.suite_host) ----------------------------------------------
     @property
-    def suites(self) -> dict[str, SuiteRunner]:
+    def suites(self) -> Mapping[str, SuiteRunner]:
         return self._suites.suites
 
     @property
-    def suite_errors(self) -> dict[str, str]:
+    def suite_errors(self) -> Mapping[str, str]:
         return self._suites.suite_errors
 
     @property
@@ -176,6 +176,9 @@ class Pipeline:
     def build_next_suite(self) -> bool:
         """One piece of building the next pending suite (SuiteHost.build_next), False when none is pending."""
         return self._suites.build_next(self.evaluator.network if self.evaluator is not None else None)
+
+    def refuse_suite(self, name: str, reason: str) -> None:
+        self._suites.refuse(name, reason)
 
     def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome:
         """Suite ``name`` on step ``row``'s weights (swapped in first unless the network holds them)."""

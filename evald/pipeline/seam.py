@@ -7,7 +7,9 @@ them, never reaches into the pipeline's state, and tests give stand-ins that sat
   recorded and the step never retried by itself; ``Retry``: something unexpected raised (a bug, an OOM), the
   step goes back to the queue with its attempt counted. A suite cell's outcome is ``SuiteEvaluated``,
   ``Failed`` or ``Retry``.
-* ``EvaluationPipeline``: the validation and the suites; ``ServablePipeline``: what the HTTP endpoint uses.
+* ``SuiteHosting``: a suite's life as the daemon sees it (built, refused with a reason, evaluated), read-only
+  views and calls; ``EvaluationPipeline``: the validation and the suites; ``ServablePipeline``: what the HTTP
+  endpoint uses.
 
 May import: config, ledger; within evald.pipeline: network, subset (types only).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Union
 
 from evald.config import EvaldConfig
 from evald.ledger.ledger import FAILED, Step
@@ -58,14 +60,37 @@ class SuiteEvaluated:
 SuiteOutcome = Union[SuiteEvaluated, Failed, Retry]
 
 
-class EvaluationPipeline(Protocol):
+class SuiteHosting(Protocol):
+    """A suite's life as the daemon sees it (evald.pipeline.suite_host.SuiteHost owns it): read-only views and
+    the calls that change it; the daemon never assigns to a pipeline's attribute nor writes into its views."""
+
+    @property
+    def suites(self) -> Mapping[str, SuiteRunner]:
+        """Name -> its runner, once built."""
+
+    @property
+    def suite_errors(self) -> Mapping[str, str]:
+        """Name -> why it cannot run."""
+
+    @property
+    def suites_pending(self) -> tuple[str, ...]:
+        """Configured suites not built yet (build_next_suite builds them)."""
+
+    def build_next_suite(self) -> bool:
+        """One piece of building a pending suite (or fail it, with its reason in suite_errors); False when none
+        is pending."""
+
+    def refuse_suite(self, name: str, reason: str) -> None:
+        """Suite ``name`` does not run in this process: out of ``suites`` (and pending), ``reason`` in
+        ``suite_errors`` (its queued cells say why)."""
+
+    def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome: ...
+
+
+class EvaluationPipeline(SuiteHosting, Protocol):
     """What the daemon needs of a pipeline: the real one (evald.pipeline.pipeline), or a test's stand-in."""
 
     blocked_reason: str | None
-    suites: dict[str, SuiteRunner]   # name -> its runner, once built
-    suite_errors: dict[str, str]     # name -> why it cannot run
-    suites_pending: tuple[str, ...]  # configured suites not built yet (build_next_suite builds them)
-    keep_alive: Callable[[], None]   # set by the daemon: called between the steps of building the network
 
     @property
     def subset(self) -> SubsetInfo | None:
@@ -75,13 +100,7 @@ class EvaluationPipeline(Protocol):
     def validation_identity(self) -> str | None:
         """The default validation's identity (sha256 of its settings), once built."""
 
-    def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome: ...
-
     def ensure_built(self, config: EvaldConfig) -> bool: ...
-
-    def build_next_suite(self) -> bool:
-        """One piece of building a pending suite (or fail it, with its reason in suite_errors); False when none
-        is pending."""
 
     def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome: ...
 

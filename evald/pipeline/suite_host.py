@@ -5,7 +5,9 @@ a reason, evaluated on the weights the network holds.
 ``build_next`` then builds them one piece a call, so that a checkpoint that arrives meanwhile waits for one
 piece, never a whole build (tens of seconds): the tokenizer (once), a suite's lm-eval tasks with the
 vocabulary check, then its graphs one a call (seconds each at LLM shapes). A suite is in ``suites`` once its
-last graph is compiled; one whose build fails is in ``suite_errors`` with the reason, and the others go on.
+last graph is compiled; one whose build fails is in ``suite_errors`` with the reason, and the others go on;
+``refuse`` takes a suite out with a reason (the daemon's, when the run's tokenizer changed). ``suites`` and
+``suite_errors`` are read-only views: only the host changes them.
 ``evaluate`` runs a built suite after ``load`` (the caller's swap of the step's weights, when the network does
 not hold them already) and says what became of it: ``SuiteEvaluated``, ``Failed`` (the weights' fault:
 evaluating again gives the same) or ``Retry`` (anything unexpected).
@@ -19,7 +21,8 @@ May import: config, contracts, files, ledger; within evald.pipeline: engine, fac
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from evald.config import EvaldConfig
 from evald.files.recognise import CheckpointDeleted, CheckpointError
@@ -42,8 +45,8 @@ Load = Callable[[], tuple[float, dict]]
 class SuiteHost:
     def __init__(self, group: Group | None = None) -> None:
         self.group = group
-        self.suites: dict[str, SuiteRunner] = {}
-        self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
+        self._suites: dict[str, SuiteRunner] = {}
+        self._errors: dict[str, str] = {}          # name -> why the suite cannot run
         self.pending: tuple[str, ...] = ()         # configured, not built yet: built between evaluations
         self._planned_for: Any = None              # what the suites were planned for
         self._plan: tuple[EvaldConfig, EvaluationSpec] | None = None   # what the pending ones are for
@@ -51,13 +54,32 @@ class SuiteHost:
         self._model_vocab: int | None = None       # the network's vocabulary (its logits), measured once
         self.building: SuiteRunner | None = None   # the first pending suite, its graphs being compiled
 
+    @property
+    def suites(self) -> Mapping[str, SuiteRunner]:
+        """Name -> its runner, once its last graph is compiled (a read-only view)."""
+        return MappingProxyType(self._suites)
+
+    @property
+    def suite_errors(self) -> Mapping[str, str]:
+        """Name -> why the suite cannot run (a read-only view)."""
+        return MappingProxyType(self._errors)
+
+    def refuse(self, name: str, reason: str) -> None:
+        """Suite ``name`` does not run here (the daemon found its tokenizer changed within the run): dropped
+        from the built and the pending ones, ``reason`` in ``suite_errors``."""
+        self._suites.pop(name, None)
+        if self.building is not None and self.building.name == name:
+            self.building = None
+        self.pending = tuple(p for p in self.pending if p != name)
+        self._errors[name] = reason
+
     def plan(self, config: EvaldConfig, specs: EvaluationSpec) -> None:
         """Plan ``config``'s benchmark suites on the network of ``specs`` (once per configuration); they are
         built later, one piece per ``build_next``."""
         wanted = (dict(config.suites or {}), config.tokenizer_factory, config.tokenizer_kwargs, specs)
         if wanted == self._planned_for:
             return
-        self._planned_for, self.suites, self.suite_errors = wanted, {}, {}
+        self._planned_for, self._suites, self._errors = wanted, {}, {}
         self._plan, self._tokenizer, self._model_vocab = (config, specs), None, None
         self.pending, self.building = tuple(sorted(config.suites or {})), None
 
@@ -76,10 +98,10 @@ class SuiteHost:
                 return True
             if not self.building.warm_next():
                 return True
-            self.suites[name] = self.building
+            self._suites[name] = self.building
         except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
-            self.suite_errors[name] = f"cannot build suite {name}: {exc}"
-            log.error("%s; its queued cells wait until it is fixed", self.suite_errors[name],
+            self._errors[name] = f"cannot build suite {name}: {exc}"
+            log.error("%s; its queued cells wait until it is fixed", self._errors[name],
                       exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))
         self.building, self.pending = None, self.pending[1:]
         return True
@@ -123,7 +145,7 @@ class SuiteHost:
             self._tokenizer = build_tokenizer(spec)
         except Exception as exc:  # noqa: BLE001 - a bad tokenizer blocks the suites, not the validation
             for name in self.pending:
-                self.suite_errors[name] = f"cannot build the tokenizer: {exc}"
+                self._errors[name] = f"cannot build the tokenizer: {exc}"
             self.pending = ()
             log.error("benchmark suites not run: cannot build the tokenizer: %s", exc)
             return False
@@ -133,10 +155,11 @@ class SuiteHost:
         """Suite ``name`` on step ``row``'s weights, swapped in by ``load`` first (the module's docstring)."""
         from evald.pipeline.suites.runner import NonFiniteScores
 
-        assert name in self.suites, f"suite {name} is not built"
+        runner = self._suites.get(name)
+        assert runner is not None, f"suite {name} is not built"
         try:
             load_s, provenance = load()
-            result = self.suites[name].run()
+            result = runner.run()
         except EvaluationInterrupted:
             raise
         except CheckpointDeleted as exc:
