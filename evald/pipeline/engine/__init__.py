@@ -57,7 +57,11 @@ fork_piece=None)``
 ``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint: per bucket the
 scoring graph, for a CachedDecoder a prefill chunk and a decode step, for forks a prefill chunk and a fork; with
 ``top_decoding=True`` also prefill_top's and decode_top's graphs); ``scorer.warming()`` does it one graph a
-step; ``scorer.compiled_graphs`` counts the (graph, shape) pairs compiled so far;
+step; ``scorer.compiled_graphs`` counts the (graph, shape) pairs compiled so far. Before any number depends
+on it, the cached path that will run (decoding, forks) is checked against the full forward on
+``check_rows`` (a suite's first rows) in the compiled shapes (cache_check.py): beyond 1e-5 it is turned off
+(``scorer.decoding`` ``full-forward``, ``scorer.forks`` False) with one ERROR naming the method and the
+difference; the log says a decode step's time against a full forward's;
 ``scorer.stats`` counts requested, real and padded tokens run, for throughput.
 
 Padding changes no log-probability: rows are right-padded, the network is causal, a row always

@@ -77,7 +77,7 @@ def _generate_cached(n: int, batch: int, rows: list[Row], outputs: list[list[int
     """Prefill the contexts in chunks into a cache of n positions, then one token per row per step."""
     contexts = [context for context, _, _ in rows]
     graphs.stats.real_tokens += sum(len(c) for c in contexts)
-    (chosen,), cache = graphs.prefill(contexts, batch, n, graphs.extend)
+    (chosen, _), cache = graphs.prefill(contexts, batch, n, graphs.extend)
     active = np.zeros(batch, bool)
     active[:len(rows)] = True
     ends = np.ones(batch, np.int64)
@@ -91,7 +91,7 @@ def _generate_cached(n: int, batch: int, rows: list[Row], outputs: list[list[int
         for r in took:
             tokens[r, 0] = outputs[r][-1]
         start = np.minimum(ends, n - 1).astype(np.int32)
-        (chosen,), cache = graphs.extend(tokens, start, np.zeros(batch, np.int32), cache)
+        (chosen, _), cache = graphs.extend(tokens, start, np.zeros(batch, np.int32), cache)
 
 
 def _generate_batch(n: int, batch: int, rows: list[Row], outputs: list[list[int]], eos_id: int | None,

@@ -8,7 +8,7 @@ never (B, T, vocab) logits:
 - ``ReadLogProbs``: (B, T) tokens and (R, 3) reads of (row, position, token) -> each read's log-probability,
   the argmax at its (row, position) and the top k there;
 - ``ForkReads``: a CachedScorer's prefilled cache forked into rows, one chunk run on each, read likewise;
-- ``ExtendStep`` (evald.pipeline.tasks.generation): one ``extend`` call, the argmax at each row's read index;
+- ``ExtendGreedy``: one ``extend`` call, the argmax at each row's read index and its log-probability;
 - ``ExtendTopK``: one ``extend`` call, the top k at each row's read index (serving);
 - ``NextTokenLogits``: the full-forward fallback's next token of each row of a fixed buffer.
 
@@ -25,7 +25,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from evald.pipeline.engine.requests import ScorerStats
-from evald.pipeline.tasks.generation import ExtendStep, NextTokenLogits, position_index
+from evald.pipeline.tasks.generation import NextTokenLogits, position_index
 
 PREFILL_CHUNK = 256   # tokens per prefill chunk of cached generation (at most the bucket's length)
 
@@ -52,6 +52,20 @@ class ReadLogProbs(nn.Cell):
             values, ids = ops.topk(logp, self.top_k)                 # (B, T, k)
             return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where)
         return chosen, greedy
+
+
+class ExtendGreedy(nn.Cell):
+    """One ``CachedDecoder.extend`` call as a graph: the argmax at each row's ``read`` index, its log-probability
+    (float32, as ReadLogProbs computes it: what the cached path's check compares) and the cache; (B,) each."""
+
+    def __init__(self, network: nn.Cell) -> None:
+        super().__init__()
+        self.network = network
+
+    def construct(self, tokens, start, read, cache):
+        logits, cache = self.network.extend(tokens, start, read, cache)
+        logp = ops.log_softmax(logits.astype(np.float32), -1)        # (B, V)
+        return ops.argmax(logp, -1), ops.amax(logp, -1), cache
 
 
 class ExtendTopK(nn.Cell):
@@ -102,7 +116,7 @@ class Graphs:
         self.network = network
         self.score_cell = ReadLogProbs(network, top_k)
         self.next_cell = NextTokenLogits(network, greedy=True)
-        self.extend_cell = ExtendStep(network, greedy=True) if cached else None
+        self.extend_cell = ExtendGreedy(network) if cached else None
         self.top_cell = ExtendTopK(network, top_k) if cached and top_k > 0 else None
         self.fork_cell = ForkReads(network, top_k) if forks else None
         for cell in (self.score_cell, self.next_cell, self.extend_cell, self.top_cell, self.fork_cell):
@@ -133,13 +147,14 @@ class Graphs:
                                                     ms.Tensor(reads))]
 
     def extend(self, tokens: np.ndarray, start: np.ndarray, read: np.ndarray,
-               cache: Any) -> tuple[tuple[np.ndarray], Any]:
+               cache: Any) -> tuple[tuple[np.ndarray, np.ndarray], Any]:
+        """((argmax, its log-probability) at each row's read index, cache)."""
         import mindspore as ms
 
         assert self.extend_cell is not None
         self._ran(("extend",) + tokens.shape + tuple(cache.shape), tokens)
-        best, cache = self.extend_cell(ms.Tensor(tokens), ms.Tensor(start), ms.Tensor(read), cache)
-        return (best.asnumpy(),), cache
+        best, logp, cache = self.extend_cell(ms.Tensor(tokens), ms.Tensor(start), ms.Tensor(read), cache)
+        return (best.asnumpy(), logp.asnumpy()), cache
 
     def extend_top(self, tokens: np.ndarray, start: np.ndarray, read: np.ndarray,
                    cache: Any) -> tuple[tuple[np.ndarray, np.ndarray], Any]:

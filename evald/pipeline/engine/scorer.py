@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 from mindspore import nn
 
-from evald.pipeline.engine import decoding, forks as forking
+from evald.pipeline.engine import cache_check, decoding, forks as forking
 from evald.pipeline.engine.buckets import Buckets
 from evald.pipeline.engine.graphs import PREFILL_CHUNK, Graphs
 from evald.pipeline.engine.requests import GenerateRequest, ScoreRequest, TokenScores
@@ -124,28 +124,34 @@ class TokenScorer:
         return int(self.network(ms.Tensor(zeros)).shape[-1])
 
     # -- compiling at start ----------------------------------------------------------------------------
-    def warm_up(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> int:
+    def warm_up(self, generate: bool = True, top_decoding: bool = False, forks: bool = True,
+                check_rows: Sequence[Sequence[int]] | None = None) -> int:
         """Compile every bucket's graphs now (with ``top_decoding``, also ``prefill_top``'s and ``decode_top``'s
-        when the network is a CachedDecoder; with ``forks``, the forks' when it is a CachedScorer); the number
-        compiled so far."""
-        for _ in self.warming(generate, top_decoding, forks):
+        when the network is a CachedDecoder; with ``forks``, the forks' when it is a CachedScorer), the cached
+        path checked on ``check_rows`` (``warming``); the number compiled so far."""
+        for _ in self.warming(generate, top_decoding, forks, check_rows):
             pass
         return self.compiled_graphs
 
-    def warming(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> Iterator[int]:
+    def warming(self, generate: bool = True, top_decoding: bool = False, forks: bool = True,
+                check_rows: Sequence[Sequence[int]] | None = None) -> Iterator[int]:
         """``warm_up`` one graph at a time: each step of the iteration compiles one graph (seconds at LLM
         shapes) and yields the number compiled so far, so that a caller can do other work between two
         (evald validates a checkpoint that arrived meanwhile). ``score`` forks only into buckets whose fork
-        graph is compiled: a suite without multiple-choice tasks passes ``forks=False`` and compiles none."""
+        graph is compiled: a suite without multiple-choice tasks passes ``forks=False`` and compiles none.
+        Once the graphs of the first bucket long enough for it are compiled, the cached path that will run is
+        checked against the full forward on ``check_rows`` (a suite's own rows; cache_check): a mismatch turns it
+        off, and the other buckets compile the full forward's graphs instead."""
         graphs = self._graphs
         forks = forks and self.forks
+        unchecked = (self.cached and (generate or top_decoding)) or forks
         for n in self.lengths:
-            if top_decoding and graphs.top_cell is not None:
+            rows = self.rows_for(n)
+            if top_decoding and self.cached and graphs.top_cell is not None:
                 _, _, cache = self.prefill_top([[0]], n)
                 yield self.compiled_graphs
                 self.decode_top([0], [0], cache)
                 yield self.compiled_graphs
-            rows = self.rows_for(n)
             zeros = np.zeros((rows, n), np.int32)
             self._score_batch(zeros, np.zeros((rows * n, 3), np.int32))
             yield self.compiled_graphs
@@ -161,13 +167,46 @@ class TokenScorer:
                                 np.zeros(forked, np.int32), np.zeros((forked * piece, 3), np.int32))
                     graphs.fork_ready.add(n)
                     yield self.compiled_graphs
-            if generate and self.cached:
-                graphs.extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
-                              cache)
+                if generate and self.cached:
+                    graphs.extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
+                                  cache)
+                    yield self.compiled_graphs
+            if unchecked and n >= cache_check.SHORTEST_BUCKET:
+                unchecked = False
+                self._check_cached(n, check_rows, generate, top_decoding, forks)
+                forks = forks and self.forks
                 yield self.compiled_graphs
-            elif generate:
+            if generate and not self.cached:
                 graphs.next_tokens(zeros, np.zeros(rows, np.int32))
                 yield self.compiled_graphs
+        if unchecked:
+            log.warning("token scorer: %s's cached path is not checked against its full forward: its buckets %s are "
+                        "shorter than the check needs (%d tokens)", type(self.network).__name__, list(self.lengths),
+                        cache_check.SHORTEST_BUCKET)
+
+    def _check_cached(self, n: int, rows: Sequence[Sequence[int]] | None, generate: bool, top_decoding: bool,
+                      forks: bool) -> None:
+        """The cached path that will run, checked against the full forward in bucket ``n`` (cache_check); on a
+        mismatch it is turned off, with one ERROR naming the method and the difference."""
+        decode, batch = None, self.rows_for(n)
+        if self.cached and generate:
+            decode = self._graphs.extend
+        elif self.cached and top_decoding:
+            decode, batch = self._top_choice, self.batch_size
+        result = cache_check.run_check(rows, n, self._buckets, self._graphs, decode=decode, decode_batch=batch,
+                                       fork_piece=self.fork_piece if forks else None)
+        turned_off = cache_check.report(result, type(self.network).__name__, (n, self.rows_for(n)))
+        if "decoding" in turned_off:
+            self.cached = False
+        if turned_off:
+            self.forks = False
+            self._graphs.fork_ready.clear()
+
+    def _top_choice(self, tokens: np.ndarray, start: np.ndarray, read: np.ndarray,
+                    cache: Any) -> tuple[tuple[np.ndarray, np.ndarray], Any]:
+        """Serving's cached step read as the check reads a decode step: each row's best token, its log-probability."""
+        (values, ids), cache = self._graphs.extend_top(tokens, start, read, cache)
+        return (ids[:, 0], values[:, 0]), cache
 
     # -- log-probabilities -----------------------------------------------------------------------------
     def score(self, requests: Sequence[ScoreRequest]) -> list[TokenScores]:
