@@ -27,12 +27,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--out", default="runs/demo")
-    args = p.parse_args()
+    return p
+
+
+def checkpoint_steps(steps: int, every: int) -> list[int]:
+    """The steps the demo's run has checkpoints of: every ``every``-th, and the last (the hook's final snapshot)."""
+    return sorted(set(range(every, steps + 1, every)) | {steps})
+
+
+def main() -> int:
+    args = parser().parse_args()
 
     out = (REPO / args.out).resolve()
     fresh_output_dir(out)

@@ -1,7 +1,10 @@
-"""Screenshots of TensorBoard's first screen, Custom Scalars and Text pages on a log directory, for the
-docs (docs/images/tensorboard-*.png): a real ``tensorboard`` (default flags) and headless Chromium.
+"""Screenshots of TensorBoard on a log directory, for the docs (docs/images/tensorboard-*.png): a real
+``tensorboard`` (default flags) and headless Chromium, each page in a fresh browser profile, so at
+TensorBoard's default settings (smoothing 0.6, outliers ignored), as a user first sees it.
 
     PYTHONPATH=. .venv/bin/python scripts/tensorboard_screenshots.py LOGDIR [OUT_DIR]
+
+The docs' images come from the demo's log directory (./scripts/demo.sh prints it).
 """
 
 from __future__ import annotations
@@ -15,11 +18,18 @@ import time
 import urllib.request
 from pathlib import Path
 
-PAGES = {"tensorboard-time-series.png": "#timeseries", "tensorboard-custom-scalars.png": "#custom_scalars",
-         "tensorboard-text.png": "#text"}
+# file -> (the page's address after the server's, window size): the first screen of each page, the
+# Custom Scalars page down to its first benchmark suite's charts, and the Text page filtered to the
+# suites' tables of results (the hash's tagFilter is the Text page's filter box)
+PAGES = {
+    "tensorboard-time-series.png": ("?forceSVG=true#timeseries", "1400,1000"),
+    "tensorboard-custom-scalars.png": ("?forceSVG=true#custom_scalars", "1400,1500"),
+    "tensorboard-text.png": ("?forceSVG=true#text", "1400,1000"),
+    "tensorboard-suite-results.png": ("?forceSVG=true#text&tagFilter=%2Fresults", "1400,1000"),
+}
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-         "--window-size=1400,1000", "--virtual-time-budget=30000")
+         "--virtual-time-budget=30000")
 
 
 def main(logdir: str, out_dir: str = "docs/images") -> int:
@@ -48,9 +58,9 @@ def main(logdir: str, out_dir: str = "docs/images") -> int:
                         break
                 time.sleep(1)
             time.sleep(6)
-            for name, page in PAGES.items():
-                subprocess.run([chromium, *FLAGS, f"--user-data-dir={tmp}/profile-{name}",
-                                f"--screenshot={out / name}", f"{base}/?forceSVG=true{page}"],
+            for name, (page, size) in PAGES.items():
+                subprocess.run([chromium, *FLAGS, f"--window-size={size}", f"--user-data-dir={tmp}/profile-{name}",
+                                f"--screenshot={out / name}", f"{base}/{page}"],
                                check=True, capture_output=True, timeout=240)
                 print(out / name)
         finally:

@@ -70,3 +70,16 @@ class ShiftedCache(ms.nn.Cell):
 def wrongly_cached(network: ms.nn.Cell, forks_only: bool = False) -> ms.nn.Cell:
     """The same network with a wrong cached implementation (ShiftedCache)."""
     return ShiftedCache(network, forks_only)
+
+
+class NoNetworkYet:
+    """What evald --serve's Serving is given before the first checkpoint is swapped in: no network to serve."""
+
+    network = None
+    tensor_parallel = False
+
+    def held(self) -> None:
+        return None
+
+    def group_scorer(self, scorer):
+        return scorer

@@ -65,3 +65,10 @@ class TensorBoard:
 
     def close(self) -> None:
         self.proc.kill()
+
+
+def on_the_page(charts: list[tuple[str, bool]]) -> list[str]:
+    """The order TensorBoard 2.21's Custom Scalars page shows a category's charts ``(title, is a margin
+    chart)`` in, as its screenshots show: the multi-line charts as listed, then the margin charts in
+    reverse (evald.sinks.tensorboard_layout.shown_in_order says why)."""
+    return [t for t, margin in charts if not margin] + [t for t, margin in reversed(charts) if margin]

@@ -254,7 +254,9 @@ def backfill(argv: Sequence[str]) -> int:
     if "--ckpt-dir" not in extra:
         extra += ["--ckpt-dir", str(ckpt_dir)]
     print("evaluating them now: evald " + " ".join(extra), flush=True)
-    return subprocess.call([sys.executable, "-m", "evald", *extra])
+    # -P: the current directory is not put first on sys.path, so a folder named evald there (the checkout, seen
+    # from its parent) cannot shadow the installed package; the eval group's ranks run the same way (msrun_command)
+    return subprocess.call([sys.executable, "-P", "-m", "evald", *extra])
 
 
 def export(argv: Sequence[str]) -> int:

@@ -5,8 +5,9 @@ For each current evaluated cell (suite, step) of the run, the per-sample files e
 directions, documents), loaded from the suite's configuration (``--config``: the TOML evald runs
 with) and checked against the config hash in the cell's identity: a task whose config changed since
 the cell was evaluated is refused, never exported with the new config. Then the writers:
-lm-eval's own files (evald.sinks.lm_eval_files), Every Eval Ever (evald.sinks.every_eval_ever),
-Hugging Face ``.eval_results/`` (evald.sinks.hf_eval_results), each writing through one
+lm-eval's own files (evald.sinks.lm_eval_files), Every Eval Ever 0.3.0 (evald.sinks.every_eval_ever),
+Hugging Face ``.eval_results/`` (evald.sinks.hf_eval_results: each task's headline metric, never a
+perplexity), each naming the checkpoint's step and snapshot digest, each writing through one
 evald.sinks.export_target: the whole export is staged in a private directory inside ``--out`` and
 renamed into place at the end, never through a link; a failure leaves ``--out`` as it was.
 

@@ -22,6 +22,8 @@ from evald.contracts.wire import ProtocolError, announcement_from_json
 from evald.daemon.run_dir import IDENTITY_FILE, LEDGER_FILE, LOCK_FILE, read_identity
 from evald.ledger.disk_full import DiskWait
 from evald.ledger.ledger import DELETED, EVALUATED, EVALUATING, FAILED, QUEUED, REJECTED, SKIPPED, Ledger
+from evald.ledger.requeue import RETRY
+from evald.sinks.best_pointer import BEST_FILE
 
 STATES = (QUEUED, EVALUATING, EVALUATED, SKIPPED, FAILED, DELETED)
 
@@ -64,7 +66,8 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         ledger.close()
     counts = {state: sum(1 for s in steps if s.state == state) for state in STATES}
     evaluated = [s for s in steps if s.state == EVALUATED]
-    last = max(evaluated, key=lambda s: (times[s.step][2] or 0, s.step), default=None)
+    last = max(evaluated, key=lambda s: s.step, default=None)   # the newest step, not the latest to finish
+    latest = max(evaluated, key=lambda s: (times[s.step][2] or 0, s.step), default=None)
     waiting = [s for s in steps if s.state in (QUEUED, EVALUATING)]
     oldest_wait = min((times[s.step][0] or times[s.step][1] for s in waiting), default=None)
     newest = max((s.step for s in steps), default=None)
@@ -85,7 +88,11 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
                 "newest_step": newest, "newest_evaluated_step": newest_evaluated},
         "last_evaluation": None if last is None else {"step": last.step, "metrics": last.metrics,
                                                       "finished_at": times[last.step][2]},
-        "best": {"step": early_stop.get("best_step"), "value": early_stop.get("best")},
+        "most_recent_evaluation": None if latest is None or latest is last else {"step": latest.step,
+                                                                                 "why": latest.found_via},
+        "best": {"step": early_stop.get("best_step"), "value": early_stop.get("best"),
+                 "monitor": early_stop.get("monitor") or _best_pointer_monitor(run_path),
+                 "mode": early_stop.get("mode")},
         "stop": _stop(control),
         "summarised": summarised is not None,
         "suites": {name: {"cells": counts_by_state, "steps": suite_cells[name]}
@@ -93,6 +100,15 @@ def gather(run_path: Path, now: float | None = None) -> dict[str, Any]:
         "superseded_results": superseded,
         "serving": serving,
     }
+
+
+def _best_pointer_monitor(run_path: Path) -> str | None:
+    """The monitor best.json names: a ledger written before the decisions recorded theirs."""
+    try:
+        monitor = json.loads((run_path / BEST_FILE).read_text()).get("monitor")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return monitor if isinstance(monitor, str) else None
 
 
 def _stop(control: dict[str, Any]) -> dict[str, Any] | None:
@@ -181,10 +197,12 @@ def render(info: dict[str, Any]) -> str:
     if last:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted((last["metrics"] or {}).items())
                           if k.startswith("eval/") and isinstance(v, (int, float)))  # all of them: --json
+        since = info.get("most_recent_evaluation")
+        if since:   # an older step evaluated after it: a retry, a backfill, a checkpoint found late
+            shown += f" (evaluated since: step {since['step']}{', a retry' if since['why'] == RETRY else ''})"
         lines.append(f"last eval    step {last['step']}: {shown}")
     best, stop = info["best"], info["stop"]
-    shown_best = "-" if best["step"] is None else f"step {best['step']} ({_number(best['value'])})"
-    lines.append(f"best         {shown_best}")
+    lines.append(f"best         {_best(best)}")
     if stop is None:
         lines.append("stop         -")
     elif stop.get("advisory"):
@@ -215,6 +233,17 @@ def render(info: dict[str, Any]) -> str:
         lines += [f"  {f['step']:<10} {f['state']:<8} {f['file']}: {f['reason']}" for f in info["failures"]]
         lines += [f"  {'-':<10} rejected {f['file']}: {f['reason']}" for f in info["rejected_files"]]
     return "\n".join(lines)
+
+
+def _best(best: dict[str, Any]) -> str:
+    """``step 400: eval/loss 2.46537 (lower is better)``: the step, the metric it is best on, its value and
+    which way is better, as the decisions recorded them."""
+    if best["step"] is None:
+        return "-"
+    if not best.get("monitor"):
+        return f"step {best['step']}: {_number(best['value'])} (its metric is not recorded)"
+    direction = {"min": " (lower is better)", "max": " (higher is better)"}.get(best.get("mode") or "", "")
+    return f"step {best['step']}: {best['monitor']} {_number(best['value'])}{direction}"
 
 
 def _number(value: Any) -> str:

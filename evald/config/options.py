@@ -213,7 +213,7 @@ class EvaldConfig:
                                  "both channels are encrypted and only allowed trainers get in "
                                  "(docs/authentication.md)", kind="path", env=auth.ENV_SERVER_KEY)
     allowed_keys: str | None = opt(None, "trainers' CURVE public keys: a directory of *.key files or .key "
-                                   "files, several separated by ':'", kind="path", env=auth.ENV_ALLOWED_KEYS)
+                                   "files, several separated by ':'", kind="path_list", env=auth.ENV_ALLOWED_KEYS)
     allow_plaintext: bool = opt(False, "allow an unauthenticated, unencrypted tcp:// endpoint (a trusted "
                                 "network only; logged loudly)", kind="bool", env=auth.ENV_ALLOW_PLAINTEXT)
     group: GroupOptions = opt(None, "several devices (--device 4,5,6,7): one msrun eval group, and msrun's "

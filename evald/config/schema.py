@@ -40,7 +40,7 @@ def opt(default: Any, help: str, *, kind: str, env: str | None = None, choices: 
         min: float | None = None, max: float | None = None, min_exclusive: bool = False,
         table: type | None = None, factory: Callable[[], Any] | None = None) -> Any:
     """Declare an option. ``kind`` is int, float, str, bool, choice, factory, object, table,
-    plugins, device, cpus, endpoint, path or name; ``min``/``max`` bound numbers; ``table`` is the dataclass of a table."""
+    plugins, device, cpus, endpoint, path, path_list (paths separated by os.pathsep), paths (a list) or name; ``min``/``max`` bound numbers; ``table`` is the dataclass of a table."""
     meta = {"help": help, "kind": kind, "env": env, "choices": choices, "min": min, "max": max,
             "min_exclusive": min_exclusive, "table": table}
     if factory is not None:
@@ -351,6 +351,6 @@ def _suites(f, value, source, key):
 _KINDS: dict[str, Callable[[Field, Any, str, str], Any]] = {
     "int": _int, "float": _float, "str": _str, "bool": _bool, "choice": _choice, "factory": _factory,
     "object": as_object, "table": _table, "plugins": _plugins, "device": _device, "cpus": _cpus,
-    "endpoint": _endpoint, "hostport": _hostport, "path": _str, "delta": _delta, "name": _name, "modules": _modules,
+    "endpoint": _endpoint, "hostport": _hostport, "path": _str, "path_list": _str, "delta": _delta, "name": _name, "modules": _modules,
     "strings": _strings, "paths": _paths, "suites": _suites,
 }

@@ -4,13 +4,18 @@ Each reader returns raw values with the place they came from (``Layer``); none o
 them validates. evald/config/resolve.py validates every layer with the same rules.
 TOML keys are the option names (``subset_size = 64``); table options are TOML
 tables (``[generation]``), and ``[[metric_plugins]]`` is a list of tables.
+
+Paths: a relative path in a TOML file is read against that file's directory (``toml_layer``
+makes it absolute, for every option of kind path, path_list or paths, in tables and suites
+too), so a TOML means the same files wherever evald starts; one from the command line or the
+environment stays relative to the current directory, as typed.
 """
 
 from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -48,7 +53,46 @@ def toml_layer(path: str | os.PathLike) -> Layer:
             raise ConfigError(source, key, "unknown option; `evald --help` lists every option, and each "
                                            "is a TOML key of the same name")
         values[name], keys[name] = value, key
-    return Layer(source, values, keys)
+    base = os.path.dirname(os.path.abspath(path))
+    by_name = {f.name: f for f in option_fields()}
+    return Layer(source, {name: _anchored(by_name[name], value, base) for name, value in values.items()}, keys)
+
+
+PATH_KINDS = ("path", "path_list", "paths")
+
+
+def _anchored(f: Field, value: Any, base: str) -> Any:
+    """``value`` of option ``f`` with its relative paths made relative to ``base`` (the TOML file's
+    directory); what is not a path, or not of the expected type, is left as it is for the validator."""
+    kind = f.metadata["kind"]
+    if kind == "path" and isinstance(value, str):
+        return _joined(base, value)
+    if kind == "path_list" and isinstance(value, str):
+        return os.pathsep.join(_joined(base, part) for part in value.split(os.pathsep))
+    if kind == "paths" and isinstance(value, str):
+        return _joined(base, value)
+    if kind == "paths" and isinstance(value, list):
+        return [_joined(base, item) if isinstance(item, str) else item for item in value]
+    if kind == "table" and isinstance(value, dict):
+        return _anchored_table(f.metadata["table"], value, base)
+    if kind == "suites" and isinstance(value, dict):
+        return {name: _anchored_table(f.metadata["table"], table, base) if isinstance(table, dict) else table
+                for name, table in value.items()}
+    return value
+
+
+def _anchored_table(table_cls: type, raw: dict, base: str) -> dict:
+    known = {sub.name: sub for sub in fields(table_cls)}
+    out = {}
+    for key, value in raw.items():
+        sub = known.get(key.replace("-", "_"))
+        out[key] = _anchored(sub, value, base) if sub is not None else value   # unknown keys: build_table says so
+    return out
+
+
+def _joined(base: str, path: str) -> str:
+    """``path`` under ``base`` when relative (an empty string stays empty: the validator refuses it)."""
+    return os.path.join(base, path) if path and not os.path.isabs(path) else path
 
 
 def environment_layer(environ: Mapping[str, str] | None = None) -> Layer:

@@ -108,8 +108,10 @@ class EarlyStopPolicy:
         return f"{self.min_delta}{' paired' if paired else ''} = {threshold:.4g}"
 
     def state_dict(self) -> dict:
+        # monitor and mode are recorded for readers of the ledger (evald status: which metric is best, and
+        # which way); they come from the configuration, so they are not loaded back
         return {"best": self.best, "best_se": self.best_se, "best_step": self.best_step, "wait": self.wait,
-                "last_step": self.last_step}
+                "last_step": self.last_step, "monitor": self.monitor, "mode": self.mode}
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("best", "best_se", "best_step", "wait", "last_step"):

@@ -6,6 +6,13 @@ aggregates, every document's sample as evald kept it, and what lm-eval knows of 
 resolved config, version, few-shot count, metric directions, document counts). The writers are
 ``lm_eval_files.py``, ``every_eval_ever.py`` and ``hf_eval_results.py``.
 
+Which metric is a task's headline, the one a format with room for a single number per task gets
+(Hugging Face's rows): ``primary_metric``. Perplexities (lm-eval's ``perplexity``, ``word_perplexity``,
+``byte_perplexity``) never are: ``exp`` of a mean negative log-likelihood, unbounded above, they reach
+1e10 and more on a small or young model (the demo's step 400: a word perplexity of 4.1e10), a number
+that says less than the ``bits_per_byte`` lm-eval reports beside them, which is the headline of a
+rolling log-likelihood task.
+
 May import: nothing of evald.
 """
 
@@ -14,8 +21,9 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 STDERR_SUFFIX = "_stderr"
 
@@ -76,6 +84,49 @@ def lm_eval_key(metric: str) -> str:
 def scored_metrics(task: ExportTask) -> list[str]:
     """The task's metrics, without their standard errors."""
     return [m for m in task.metrics if not m.split("@")[0].endswith(STDERR_SUFFIX)]
+
+
+def is_perplexity(metric: str) -> bool:
+    """lm-eval's ``perplexity``, ``word_perplexity`` or ``byte_perplexity`` (under any filter)."""
+    return metric.partition("@")[0].endswith("perplexity")
+
+
+def evald_metric(metric: str, filter_name: str | None) -> str:
+    """lm-eval's metric under a filter as evald names it: ``acc`` (no filter, lm-eval's ``none``), ``acc@strict``."""
+    return metric if filter_name in (None, "none") else f"{metric}@{filter_name}"
+
+
+def primary_metric(task: ExportTask) -> str | None:
+    """The task's headline metric (evald's name), with a value: the first metric its lm-eval config lists
+    (``metric_list``: the task author's order) under its first filter (``filter_list``; lm-eval's
+    ``none`` without one), then the same metric's other filters, then the next metric; then the metrics
+    lm-eval reports directions for, then any. Never a perplexity; None when the task has nothing else."""
+    config = task.config
+    declared = [m.get("metric") for m in config.get("metric_list") or () if isinstance(m, Mapping)]
+    filters = [f.get("name") for f in config.get("filter_list") or () if isinstance(f, Mapping)]
+    filters = [f for f in filters if isinstance(f, str)] or [None]
+    candidates = [evald_metric(m, f) for m in declared if isinstance(m, str) for f in filters]
+    candidates += [*task.higher_is_better, *scored_metrics(task)]
+    return next((m for m in candidates if m in task.metrics and not is_perplexity(m)
+                 and not m.partition("@")[0].endswith(STDERR_SUFFIX)), None)
+
+
+def higher_is_better(task: ExportTask, metric: str) -> bool | None:
+    """The metric's direction as lm-eval's task states it; for a perplexity or bits per byte that it does
+    not state, lower (by definition); else None (not known)."""
+    base = metric.partition("@")[0]
+    stated = task.higher_is_better.get(base)
+    if isinstance(stated, bool):
+        return stated
+    return False if is_perplexity(base) or base == "bits_per_byte" else None
+
+
+def aggregation_of(task: ExportTask, metric: str) -> str | None:
+    """The aggregation the task's config names for the metric (``mean``, ``perplexity``...), if it names one."""
+    base = metric.partition("@")[0]
+    found = [m.get("aggregation") for m in task.config.get("metric_list") or ()
+             if isinstance(m, Mapping) and m.get("metric") == base]
+    return found[0] if found and isinstance(found[0], str) else None
 
 
 def stderr_of(task: ExportTask, metric: str) -> float | None:

@@ -32,7 +32,7 @@ from typing import Iterable, Mapping
 from evald.ledger.ledger import SUPERSEDED_TAG, Record
 from evald.ledger.skips import TAG as SKIP_TAG
 from evald.sinks.tensorboard_layout import (LAYOUT_STREAM, LAYOUT_TAG, LOSS, SAMPLE_TEXTS, preformatted, shown_eval_scalars,
-                                            shown_text_tag)
+                                            shown_text_tag, suite_results)
 
 SUB_RUNS = {"train": "train", "eval": "eval", "summary": "eval", LAYOUT_STREAM: "eval"}  # stream -> sub-run
 STREAM_PREFIXES = {"train": "train/", "eval": "eval/"}           # dropped from tags in the sub-run
@@ -59,15 +59,15 @@ def shown_tag(stream: str, tag: str) -> str:
 
 
 def shown(record: Record) -> tuple[dict[str, float], dict[str, str]]:
-    """A record's scalars and texts as written in its sub-run (tensorboard_layout.py says why); a
-    layout record is its one text, ``LAYOUT_TAG``."""
+    """A record's scalars and texts as written in its sub-run (tensorboard_layout.py says why: an SE's
+    bounds, a suite's table of results); a layout record is its one text, ``LAYOUT_TAG``."""
     def name(tag: str) -> str:
         return shown_tag(record.stream, tag)
 
     if record.stream == "eval":
         return (shown_eval_scalars(record.scalars, name),
-                {shown_text_tag(name(k)): preformatted(v) if k.startswith(SAMPLE_TEXTS[0]) else v
-                 for k, v in record.texts.items()})
+                {**{shown_text_tag(name(k)): preformatted(v) if k.startswith(SAMPLE_TEXTS[0]) else v
+                    for k, v in record.texts.items()}, **suite_results(record.scalars, record.texts)})
     if record.stream == LAYOUT_STREAM:
         return {}, dict(record.texts)
     return {name(k): v for k, v in record.scalars.items()}, {name(k): v for k, v in record.texts.items()}

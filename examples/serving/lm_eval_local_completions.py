@@ -1,10 +1,11 @@
 """Score the demo's benchmarks with lm-eval's `local-completions` model against `evald --serve`.
 
-    python -m examples.serving.lm_eval_local_completions http://127.0.0.1:8000 demo@20 TASK_DIR
+    python -m examples.serving.lm_eval_local_completions http://127.0.0.1:8000 demo@400 TASK_DIR
 
-Writes the demo's tasks (examples.tiny_lm.benchmarks) in TASK_DIR, waits until evald's /health is ok, and
-runs a multiple-choice task (stdlib_next_line: acc, acc_norm) and a rolling one (bpb_email: bits_per_byte)
-offline: lm-eval tokenizes through evald's /tokenize (tokenizer_backend=remote), so no tokenizer is
+Writes the demo's tasks (examples.tiny_lm.benchmarks) in TASK_DIR, waits until evald's /health is ok, checks
+that evald serves the model asked for (GET /v1/models; else it stops at once, naming those it serves: lm-eval
+would tokenize every request before its first one got the 404), and runs a multiple-choice task
+(stdlib_next_line: acc, acc_norm) and a rolling one (bpb_email: bits_per_byte) offline: lm-eval tokenizes through evald's /tokenize (tokenizer_backend=remote), so no tokenizer is
 downloaded, and every request names the step it wants (model=RUN@STEP). Two settings make lm-eval score
 exactly as the in-process suite does, both read from /tokenizer_info: max_length = the window + 2 (lm-eval
 keeps one token for generation and rolls windows of max_length - 2 inputs) and custom_prefix_token_id =
@@ -21,9 +22,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import lm_eval
-from lm_eval.tasks import TaskManager
 
 from examples.tiny_lm.benchmarks import write_benchmarks
 
@@ -48,7 +46,18 @@ def wait_until_ready(timeout_s: float = 600) -> dict:
         return json.load(answer)["evald"]
 
 
+def check_served(model: str) -> None:
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=10) as answer:
+        served = [entry["id"] for entry in json.load(answer)["data"]]
+    if model not in served:
+        raise SystemExit(f"{model} is not served at {url}: it serves {', '.join(served)} (GET {url}/v1/models)")
+
+
 info = wait_until_ready()
+check_served(model)
+import lm_eval  # noqa: E402 - after the checks: importing it takes seconds
+from lm_eval.tasks import TaskManager  # noqa: E402
+
 prefix = info["bos_id"] if info["bos_id"] is not None else info["eos_id"]
 write_benchmarks(task_dir, next_line_count=LIMIT, bpb_docs_per_set=2)
 results = lm_eval.simple_evaluate(

@@ -1,12 +1,18 @@
 """The demo's own words (issue 26, item 5 and item 9's first point): it says when it removes a previous
-run, and it prints the lag it reached, from the run's ledger."""
+run, and it prints the lag it reached, from the run's ledger. And what the docs say of the demo's run
+exists in it (issue 37, item 2): every ``demo@STEP`` they show is a step the demo has a checkpoint of."""
 
 from __future__ import annotations
 
+import re
 import sqlite3
+from pathlib import Path
 
+from evald.daemon.run_dir import default_run_name
 from evald.ledger.ledger import EVALUATED, Ledger, Record
-from examples.demo import fresh_output_dir, lag_reached
+from examples.demo import checkpoint_steps, fresh_output_dir, lag_reached, parser
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_previous_demo_run_is_removed_with_a_word(tmp_path, capsys):
@@ -46,3 +52,20 @@ def test_no_validation_is_said(tmp_path):
     path = tmp_path / "ledger.sqlite"
     Ledger(path).close()
     assert lag_reached(path) == "[demo] lag: no checkpoint was validated"
+
+
+def test_every_demo_model_the_docs_and_examples_show_is_a_step_the_demo_has():
+    """docs/serving.md and the serving examples showed ``demo@20``: the demo's checkpoints are 50, 100, ...,
+    400, so lm-eval got a 404 (after 100 s of tokenizing, issue 37 item 2)."""
+    defaults = parser().parse_args([])
+    run = default_run_name(REPO / defaults.out / "ckpt")
+    steps = checkpoint_steps(defaults.steps, defaults.every)
+    assert run == "demo" and steps == [50, 100, 150, 200, 250, 300, 350, 400]
+    places = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+              *sorted((REPO / "examples" / "serving").glob("*.py"))]
+    shown = {(str(path.relative_to(REPO)), match) for path in places
+             for match in re.findall(r"(?<![\w@])demo@(\w+)", path.read_text())}
+    assert {where for where, _ in shown} >= {"docs/serving.md", "examples/serving/lm_eval_local_completions.py"}
+    unknown = sorted((where, step) for where, step in shown if step != "latest" and
+                     not (step.isdigit() and int(step) in steps))
+    assert unknown == [], f"steps the demo does not have (it has {steps} and latest): {unknown}"

@@ -11,27 +11,20 @@ from types import SimpleNamespace
 import pytest
 
 from evald.cli.main import main
-from evald.contracts import layout
 from evald.daemon import suite_turn
-from evald.daemon.run_dir import open_run
 from evald.ledger.ledger import EVALUATED, QUEUED, Ledger, Record
+from tests.unit.cli.conftest import admit_steps
 
 STEPS = (10, 20)
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch):
+def run(tmp_path, new_run):
     """Two evaluated, retained checkpoints; an evald that built suites mc and gen."""
-    for name in ("EVALD_CKPT_DIR", "EVALD_LOGDIR", "EVALD_RUN_NAME"):
-        monkeypatch.delenv(name, raising=False)
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    served = open_run(ckpt, None, None)
+    served = new_run(tmp_path / "ckpt")
     ledger = Ledger(served.ledger)
+    admit_steps(ledger, served.ckpt_dir, STEPS)
     for step in STEPS:
-        name = layout.step_dir_name(step)
-        (ckpt / name).mkdir()
-        ledger.admit(name=name, step=step, kind="evald", found_via="rescan", run_id="r", commit_time=1.0)
         ledger.start(step)
         ledger.finish(step, EVALUATED, metrics={"eval/loss": 1.0}, identity="v" * 64,
                       record=Record("eval", step, 1.0, {"eval/loss": 1.0}, {}))

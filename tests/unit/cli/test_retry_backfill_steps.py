@@ -10,24 +10,17 @@ import pytest
 from evald.cli.main import main
 from evald.contracts import layout
 from evald.daemon import suite_turn
-from evald.daemon.run_dir import open_run
 from evald.ledger.ledger import EVALUATED, QUEUED, SKIPPED, Ledger, Record
 from evald.ledger.requeue import RETRY
+from tests.unit.cli.conftest import admit_steps
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch):
+def run(tmp_path, new_run):
     """A run with the default lag policy's outcome: 25, 50, 75 skipped, 100 evaluated; all four retained."""
-    for name in ("EVALD_CKPT_DIR", "EVALD_LOGDIR", "EVALD_RUN_NAME"):
-        monkeypatch.delenv(name, raising=False)
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    served = open_run(ckpt, None, None)
+    served = new_run(tmp_path / "ckpt")
     ledger = Ledger(served.ledger)
-    for step in (25, 50, 75, 100):
-        name = layout.step_dir_name(step)
-        (ckpt / name).mkdir()
-        ledger.admit(name=name, step=step, kind="evald", found_via="rescan", run_id="r", commit_time=1.0)
+    admit_steps(ledger, served.ckpt_dir, (25, 50, 75, 100))
     ledger.start(100, [(s, "superseded by step 100 (lag policy latest)") for s in (25, 50, 75)])
     ledger.finish(100, EVALUATED, metrics={"eval/loss": 1.0}, identity="v" * 64,
                   record=Record("eval", 100, 1.0, {"eval/loss": 1.0}, {}))

@@ -11,18 +11,11 @@ import json
 import pytest
 
 from evald.cli.main import main
-from evald.daemon.run_dir import open_run
-from evald.ledger.ledger import Ledger
 
 
 @pytest.fixture
-def run(tmp_path, monkeypatch):
-    for name in ("EVALD_CKPT_DIR", "EVALD_LOGDIR", "EVALD_RUN_NAME"):
-        monkeypatch.delenv(name, raising=False)
-    ckpt = tmp_path / "runs" / "exp1" / "ckpt"
-    ckpt.mkdir(parents=True)
-    served = open_run(ckpt, None, None)
-    Ledger(served.ledger).close()
+def run(tmp_path, monkeypatch, new_run):
+    served = new_run(tmp_path / "runs" / "exp1" / "ckpt")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

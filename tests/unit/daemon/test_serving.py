@@ -8,19 +8,9 @@ import queue
 import pytest
 
 from evald.cli.main import parse_config
+from tests.networks import NoNetworkYet
 from evald.daemon.serving import WAKE, Serving
 from evald.serve.requests import Completion, ModelRef
-
-
-class NoNetworkYet:
-    network = None
-    tensor_parallel = False
-
-    def held(self):
-        return None
-
-    def group_scorer(self, scorer):
-        return scorer
 
 
 @pytest.fixture

@@ -28,13 +28,14 @@ def test_the_python_examples_are_the_files_the_tests_run():
 def test_the_toml_and_the_evald_commands_are_accepted(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)   # the page's relative paths (runs/exp1/ckpt), as in a training folder
     (tmp_path / "runs" / "exp1" / "ckpt").mkdir(parents=True)
+    (tmp_path / "runs" / "demo" / "ckpt").mkdir(parents=True)    # the demo's run, served
     [toml] = _blocks("toml")
     path = tmp_path / "evald.toml"
     path.write_text(toml)
     tomllib.loads(toml)
     assert parse_config(["--config", str(path)], {}).config.serve.listen == "127.0.0.1:8000"
     commands = [line for block in _blocks("bash") for line in block.splitlines() if line.startswith("evald ")]
-    assert len(commands) == 2
+    assert len(commands) == 3
     token = tmp_path / "serve.token"
     for command in commands:
         argv = [a.replace("serve.token", str(token)) for a in shlex.split(command)[1:]]

@@ -37,21 +37,28 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _example(url: str, model: str, task_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "examples.serving.lm_eval_local_completions", url, model,
+                           str(task_dir)], env=_env(), cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(rig, the example's output, its task directory): lm-eval's client scored step 10 over HTTP."""
+    """(rig, the example's output, its task directory, the page's CLI, the example asked for a step not served
+    with the rig's request counts before and after): lm-eval's client scored step 10 over HTTP."""
     with demo_network_in_graph_mode(seed=8) as net:
         rig = Rig(net, ServeOptions(listen="127.0.0.1:0", batch_size=4), {10: snapshot(net, 1)})
         task_dir = tmp_path_factory.mktemp("tasks")
         try:
             rig.drop()
             with Loop(rig):   # nothing in the network yet: /health is ok (step 10 is servable), 10 swaps in
-                done = subprocess.run([sys.executable, "-m", "examples.serving.lm_eval_local_completions", rig.url,
-                                       "unit@10", str(task_dir)], env=_env(), cwd=REPO, capture_output=True,
-                                      text=True, timeout=900)
+                before = dict(rig.stats.counts)
+                unknown = _example(rig.url, "unit@20", tmp_path_factory.mktemp("unknown"))
+                refused = (unknown, before, dict(rig.stats.counts))
+                done = _example(rig.url, "unit@10", task_dir)
                 assert done.returncode == 0, done.stderr[-4000:]
                 cli = _cli(rig.url, task_dir)
-            yield rig, json.loads(done.stdout.strip().splitlines()[-1]), task_dir, cli
+            yield rig, json.loads(done.stdout.strip().splitlines()[-1]), task_dir, cli, refused
         finally:
             rig.close()
 
@@ -64,8 +71,8 @@ def _cli(url: str, task_dir: Path) -> subprocess.CompletedProcess:
     """The page's lm_eval command, its placeholders filled in, with a small --limit."""
     [command] = [line for block in re.findall(r"```bash\n(.*?)```", DOC, re.S)
                  for line in block.replace("\\\n", " ").splitlines() if line.startswith("lm_eval ")]
-    argv = shlex.split(command.replace("TASK_DIR", str(task_dir)).replace("http://127.0.0.1:8000", url)
-                       .replace("demo@20", "unit@10"))
+    argv = shlex.split(command.replace("TASK_DIR", str(task_dir)).replace("http://127.0.0.1:8000", url))
+    argv = [re.sub(r"model=demo@\w+", "model=unit@10", a) for a in argv]
     lm_eval = str(Path(sys.executable).parent / "lm_eval")
     return subprocess.run([lm_eval, *argv[1:], "--limit", "4"], env=_env(), cwd=REPO, capture_output=True,
                           text=True, timeout=900)
@@ -75,7 +82,7 @@ def test_multiple_choice_and_bits_per_byte_equal_the_in_process_suite(served):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    rig, shown, task_dir, _ = served
+    rig, shown, task_dir = served[:3]
     rig.swap(10)
     lm = EvaldLM(TokenScorer(rig.network, batch_size=8), ByteTokenizer())   # the suite's scorer and defaults
     local = lm_eval.simple_evaluate(model=lm, tasks=list(shown), limit=16, log_samples=True,
@@ -101,3 +108,15 @@ def test_the_page_never_puts_batch_size_inside_model_args():
     for args in re.findall(r"model_args[ =]\S+", DOC):
         assert "batch_size" not in args, args
     assert "`batch_size` model argument" not in DOC
+
+
+def test_the_example_refuses_a_step_that_is_not_served_before_lm_eval_sends_anything(served):
+    """Issue 37 item 2: asked for a step evald does not serve, the example ran lm-eval, which tokenized every
+    request through /tokenize (100 s on a loaded machine) before its first completion got a 404, retried
+    three times. It now asks GET /v1/models first and stops, naming the models evald serves."""
+    unknown, before, after = served[4]
+    assert unknown.returncode != 0
+    said = unknown.stderr.strip().splitlines()[-1]
+    assert said.startswith(f"unit@20 is not served at {served[0].url}: it serves unit@latest, unit@10"), said
+    assert "Traceback" not in unknown.stderr and unknown.stdout == ""
+    assert (before.get("served", 0), before.get("refused", 0)) == (after.get("served", 0), after.get("refused", 0))

@@ -14,23 +14,13 @@ import pytest
 
 from evald.cli.main import parse_config
 from evald.config import ConfigError
+from tests.networks import NoNetworkYet
 from evald.daemon.serving import Serving
 
 LOOPBACK = ["127.0.0.1:0", "127.0.0.2:0", "127.1:0", "2130706433:0", "localhost:0", "[::1]:0",
             "[0:0:0:0:0:0:0:1]:0", "[::ffff:7f00:1]:0"]
 BEYOND = ["0.0.0.0:8000", "[::]:8000", "[fe80::1]:8000", "10.1.2.3:8000", "[::ffff:a01:203]:8000",
           "[0:0:0:0:0:0:0:0]:8000"]
-
-
-class NoNetworkYet:
-    network = None
-    tensor_parallel = False
-
-    def held(self):
-        return None
-
-    def group_scorer(self, scorer):
-        return scorer
 
 
 def _loopback(address: str) -> bool:

@@ -18,6 +18,7 @@ from evald.pipeline.metrics.uncertainty import SE_SUFFIX
 from evald.sinks import tensorboard_layout as L
 from evald.sinks.tensorboard import TensorBoardSink
 from tests.harness import raw_scalar_steps
+from tests.tensorboard_http import on_the_page
 
 LM = {"eval/loss": 2.5, "eval/loss_se": 0.05, "eval/perplexity": 12.2, "eval/perplexity_se": 0.6,
       "eval/accuracy": 0.31, "eval/accuracy_se": 0.01, "sample/greedy/distinct_1": 0.4}
@@ -38,7 +39,8 @@ def _layouts(run_dir) -> list[tuple[int, layout_pb2.Layout]]:
 
 
 def _charts(layout: layout_pb2.Layout) -> list[tuple[str, list[str]]]:
-    return [(c.title, [ch.title for ch in c.chart]) for c in layout.category]
+    """Each category's charts in the order the page shows them."""
+    return [(c.title, on_the_page([(ch.title, ch.HasField("margin")) for ch in c.chart])) for c in layout.category]
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_the_layout_opens_on_loss_and_the_monitor_with_margins(run):
         ("evald", list(L.BOOKKEEPING))]
     first = layout.category[0]
     assert list(first.chart[0].multiline.tag) == ["^Loss$"]  # train/ and eval/ both have "Loss": one chart
-    series = first.chart[1].margin.series[0]
+    series = {c.title: c for c in first.chart}["eval loss ± SE"].margin.series[0]
     assert (series.value, series.lower, series.upper) == ("σ/Loss", "σ/Loss/lower", "σ/Loss/upper")
     assert [c.closed for c in layout.category] == [False, False, True, True]
 
@@ -125,7 +127,7 @@ def test_runs_sharing_a_log_directory_merge_into_one_layout(tmp_path):
     plugin = CustomScalarsPlugin(base_plugin.TBContext(data_provider=provider, multiplexer=multiplexer,
                                                        logdir=str(tmp_path)))
     merged = json.loads(plugin.layout_impl(context.RequestContext(), ""))
-    titles = [(c["title"], [ch["title"] for ch in c["chart"]]) for c in merged["category"]]
+    titles = [(c["title"], on_the_page([(ch["title"], "margin" in ch) for ch in c["chart"]])) for c in merged["category"]]
     assert titles == [("loss", ["loss (train and eval)", "eval loss ± SE"]),
                       ("eval metrics ± standard error", ["eval accuracy ± SE", "eval perplexity ± SE"]),
                       ("sample quality", ["greedy continuations"]), ("evald", list(L.BOOKKEEPING))]
