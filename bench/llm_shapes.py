@@ -116,7 +116,7 @@ def time_old_generation(old_scorer: Any, context: list[int], new_tokens: int, ev
     token to all the tokens evald generated (``evald_out``, in ``evald_s``); its tokens against evald's first row."""
     import numpy as np
 
-    from evald.pipeline.suites.scoring import GenerateRequest
+    from evald.pipeline.engine import GenerateRequest
 
     n = old_scorer.bucket_for(len(context) + new_tokens)
     old_scorer._next_tokens(np.zeros((1, n), np.int32), np.zeros(1, np.int32))
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     from lm_eval import utils as lm_utils
 
-    from evald.pipeline.suites.scoring import ForkReads, GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
+    from evald.pipeline.engine import ForkReads, GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
     from evald.pipeline.tasks.generation import ExtendStep
     from examples.llm_decoder.model import build_model
 
@@ -188,17 +188,20 @@ def main(argv: list[str] | None = None) -> dict:
     # the workloads' requests first (in this order: the random ids do not depend on which workloads run), and
     # the rows each would run: as a suite does (SuiteRunner's dry run), the buckets are fitted to them
     planned: list[int] = []
+    firsts: list = []   # each workload's first request
     if "mc" in workloads:
         mc_contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
         mc_choices = [ids(4) for _ in mc_contexts]
         mc_requests = [ScoreRequest(c, [k]) for c, ks in zip(mc_contexts, mc_choices) for k in ks]
         planned += scorer.plan_rows(mc_requests)
+        firsts.append(mc_requests[0])
     if "mcx" in workloads:
         m = args.mc_choice_tokens
         mcx_contexts = [ids(args.mc_context) for _ in range(args.mc_questions)]
         mcx_choices = [[ids(m) for _ in range(4)] for _ in mcx_contexts]
         mcx_requests = [ScoreRequest(c, k) for c, ks in zip(mcx_contexts, mcx_choices) for k in ks]
         planned += scorer.plan_rows(mcx_requests)
+        firsts.append(mcx_requests[0])
     if "bpb" in workloads:
         windows = []
         for _ in range(args.bpb_sets):
@@ -206,15 +209,19 @@ def main(argv: list[str] | None = None) -> dict:
                     token_list=ids(args.bpb_doc), prefix_token=0, max_seq_len=args.max_length, context_len=1)):
                 windows.append(ScoreRequest(context, continuation))
         planned += scorer.plan_rows(windows)
+        firsts.append(windows[0])
     if "gen" in workloads:
         gen_contexts = [ids(args.gen_context) for _ in range(args.gen_contexts)]
         gen_requests = [GenerateRequest(c, args.gen_tokens) for c in gen_contexts]
         planned += scorer.plan_generate(gen_requests)
+        firsts.append(gen_requests[0])
 
     started = time.perf_counter()
     scorer.fit_lengths(planned)
-    # only the graphs the workloads use (forks for multiple choice, generation graphs for gen)
-    scorer.warm_up(generate="gen" in workloads, forks="mc" in workloads or "mcx" in workloads)
+    # only the graphs the workloads use (forks for multiple choice, generation graphs for gen); the cached path
+    # checked on the workloads' first requests, as a suite's on its own (evald.pipeline.engine.cache_check)
+    scorer.warm_up(generate="gen" in workloads, forks="mc" in workloads or "mcx" in workloads,
+                   check_rows=[[*r.context, *getattr(r, "continuation", ())] for r in firsts])
     report["warm_up_s"] = time.perf_counter() - started
     report["buckets"] = [list(b) for b in scorer.buckets]
     report["graphs_at_start"] = scorer.compiled_graphs

@@ -49,7 +49,7 @@ def part1(requests: int, clients: int, prompts: int, reps: int) -> dict:
 
     from evald.config import ServeOptions
     from evald.pipeline.network import Held
-    from evald.pipeline.suites.scoring import TokenScorer
+    from evald.pipeline.engine import TokenScorer
     from evald.pipeline.suites.tokenizer import ByteTokenizer
     from evald.serve import engine
     from evald.serve.app import Context, build_app
@@ -135,7 +135,7 @@ def part0(new_tokens: int, rows: int, reps: int) -> dict:
     """Cached vs full-forward serving of ``rows`` completions of ``new_tokens`` tokens, side by side."""
     import mindspore as ms
 
-    from evald.pipeline.suites.scoring import TokenScorer
+    from evald.pipeline.engine import TokenScorer
     from evald.pipeline.suites.tokenizer import ByteTokenizer
     from evald.serve import engine
     from evald.serve.requests import Completion, ModelRef

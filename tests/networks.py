@@ -39,6 +39,39 @@ def without_cached_decoding(network: ms.nn.Cell) -> ms.nn.Cell:
     return _ForwardOnly(network)
 
 
+class ShiftedCache(ms.nn.Cell):
+    """The demo network with its cached methods off by one position (``start + 1``), as a real bug in a
+    model's cached path would be: ``extend`` (decoding, and every prefill) and ``extend_all`` (forks), or with
+    ``forks_only`` ``extend_all`` alone. A deliberately wrong implementation whose full forward is right
+    (evald.pipeline.engine.cache_check must catch it)."""
+
+    def __init__(self, inner: ms.nn.Cell, forks_only: bool = False) -> None:
+        super().__init__()
+        self.inner = inner
+        self.max_length = inner.max_length
+        self.decode_shift = 0 if forks_only else 1
+
+    def construct(self, tokens):
+        return self.inner(tokens)
+
+    def init_cache(self, batch: int, capacity: int):
+        return self.inner.init_cache(batch, capacity)
+
+    def extend(self, tokens, start, read, cache):
+        return self.inner.extend(tokens, start + self.decode_shift, read, cache)
+
+    def extend_all(self, tokens, start, cache):
+        return self.inner.extend_all(tokens, start + 1, cache)
+
+    def cache_rows(self, cache, rows):
+        return self.inner.cache_rows(cache, rows)
+
+
+def wrongly_cached(network: ms.nn.Cell, forks_only: bool = False) -> ms.nn.Cell:
+    """The same network with a wrong cached implementation (ShiftedCache)."""
+    return ShiftedCache(network, forks_only)
+
+
 class NoNetworkYet:
     """What evald --serve's Serving is given before the first checkpoint is swapped in: no network to serve."""
 

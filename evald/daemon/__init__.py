@@ -5,6 +5,8 @@
 - ``turn.py``: one evaluation turn: the lag policy picks, the pipeline evaluates, one ledger
   transaction records the outcome with its TensorBoard record and the decisions' state
 - ``suite_turn.py``: benchmark suites' cells: which are due, newest first, backfill requests, their commit
+- ``cell_commit.py``: what an evaluated suite cell commits (metrics, its TensorBoard record and layout,
+  provenance), one function for the live loop and a backfill fleet's merge
 - ``channels.py``, ``locks.py``: the sockets, each endpoint and directory held by one evald
 - ``run_dir.py``, ``private_files.py``: where a run's state lives, and that it stays private
 - ``eval_group.py``: several devices: evald started under msrun, one process per device

@@ -130,13 +130,14 @@ def _built(config: EvaldConfig, plan: Plan, pipeline: Pipeline | None = None) ->
 
 
 def _todo(pipeline: Pipeline, fleet_dir: Path, snapshot: Snapshot, key: FleetKey) -> list[str]:
-    return [s for s in snapshot.suites
-            if not cell_done(fleet_dir, s, snapshot.step, pipeline.suites[s].cell_identity, key)]
+    built = pipeline.suites
+    return [s for s in snapshot.suites if not cell_done(fleet_dir, s, snapshot.step, built[s].cell_identity, key)]
 
 
 def _run_cell(pipeline: Pipeline, ckpt_dir: Path, fleet_dir: Path, row: Step, suite: str, report: WorkerReport,
               journal: Journal, key: FleetKey) -> None:
-    runner = pipeline.suites[suite]
+    runner = pipeline.suites.get(suite)
+    assert runner is not None, f"suite {suite} is built (_built checked the plan's suites)"
     started = time.time()
     outcome = pipeline.evaluate_suite(suite, ckpt_dir, row)
     base = {"suite": suite, "step": row.step, "cell_identity": runner.cell_identity, "source": row.source,

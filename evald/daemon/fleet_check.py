@@ -15,8 +15,8 @@ cell is taken only when
   UTF-8 (no lone surrogate), every metric a number (not a string or a bool), its scalars exactly its
   tasks' metrics, and its per-sample records what evald.ledger.samples would read back (samples_of).
 
-Each refusal is a :class:`CellError` naming the file and the field. The live daemon's own commit of a
-cell is evald.daemon.suite_turn (issue 36 unifies the two); this module only validates.
+Each refusal is a :class:`CellError` naming the file and the field. This module only validates: what a
+cell commits is evald.daemon.cell_commit's, the same as for a cell the live daemon evaluates.
 
 May import: contracts, ledger, and the daemon's fleet_cells.
 """
@@ -40,7 +40,6 @@ _CELL_IDENTITY = re.compile(r"([0-9a-f]{64})\.[0-9a-f]{16}")   # the suite ident
 _HASH = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 TIMING = ("evaluate_s", "load_s", "compiled_graphs", "tokens")
-DRAWN_TIMING = ("evaluate_s", "load_s", "compiled_graphs")        # the bookkeeping points of a cell
 
 
 class CellError(FleetFileError):

@@ -10,11 +10,13 @@ file, what it is or which field), counted, and skipped; the merge goes on with t
 For each good cell: its per-sample files are written into the run directory (deterministic and atomic,
 so writing them again changes no byte), then ONE ledger transaction (``Ledger.take_cell``) records the
 cell with its TensorBoard record at the checkpoint's own step, unless the ledger already has it: a merge
-run twice, a duplicated worker, or a file copied back all count a cell once. The records go out through
+run twice, a duplicated worker, or a file copied back all count a cell once. What it commits is
+evald.daemon.cell_commit's, as for a cell the live loop evaluates (its samples' text made from its checked
+tasks, not taken from the file), with ``fleet`` in its provenance. The records go out through
 the ledger's outbox: the evald that serves the run writes them at its next tick; with none serving it,
 the merge holds the run's lock and writes them itself (evald.sinks.tensorboard), one point per tag and step.
 
-May import: ledger, sinks, contracts, and the daemon's fleet_cells, fleet_check, fleet_key, locks, run_dir.
+May import: ledger, sinks, contracts, and the daemon's cell_commit, fleet_cells, fleet_check, fleet_key, locks, run_dir.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evald.daemon.fleet_cells import FleetFileError, printable, read_cell, read_plan, scan_cells
-from evald.daemon.fleet_check import DRAWN_TIMING, CellError, CheckedCell, check_cell
+from evald.daemon.cell_commit import EvaluatedCell, TaskFilesRefused, cell_commit, write_cell_samples, write_layout
+from evald.daemon.fleet_check import CellError, CheckedCell, check_cell
 from evald.daemon.fleet_key import FleetKey
 from evald.daemon.locks import InUse, Lock
 from evald.daemon.run_dir import LEDGER_FILE, LOCK_FILE
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, Ledger, Record
-from evald.ledger.samples import SampleFileError, write_samples
+from evald.sinks import tensorboard_layout
 from evald.sinks.tensorboard import TensorBoardSink
 
 log = logging.getLogger("evald.fleet")
@@ -147,22 +150,18 @@ def _take(ledger: Ledger, run_dir: Path, cell: CheckedCell, where: str, run: _Ru
         return ledger.take_cell(step, suite, identity, cell.state, reason=cell.reason, record=Record(
             "eval", step, wall_time, {}, {f"evald/suites/{suite}/failed": cell.reason or ""}))
     assert cell.identity is not None and cell.identity_sha256 is not None and cell.scalars is not None
-    for task in cell.tasks:   # before the transaction: a crash here writes the same bytes again
-        try:
-            write_samples(run_dir, suite=suite, task=task.name, step=step, identity=cell.identity,
-                          identity_sha256=cell.identity_sha256, cell_identity=identity, metrics=task.metrics,
-                          samples=task.samples)
-        except (SampleFileError, ValueError) as exc:
-            raise CellError(f"{where}: tasks[{task.name!r}]: its per-sample files are refused ({exc})") from None
-    timing = cell.timing or {}
-    bookkeeping = {f"evald/suites/{suite}/{key}": timing[key] for key in DRAWN_TIMING if key in timing}
-    texts = {f"{suite}/samples": cell.samples_text,
-             f"evald/suites/{suite}/identity": f"suite identity `{cell.identity_sha256}`, cell `{identity}`, "
-                                               f"lm-eval {cell.lm_eval}; evaluated by a backfill fleet worker"}
-    return ledger.take_cell(step, suite, identity, EVALUATED, metrics=cell.scalars,
-                            record=Record("eval", step, wall_time, {**cell.scalars, **bookkeeping}, texts),
-                            provenance={**(cell.provenance or {}), "identity": cell.identity,
-                                        "identity_sha256": cell.identity_sha256, "fleet": True})
+    evaluated = EvaluatedCell(suite, cell.identity, cell.identity_sha256, cell.scalars,
+                              {task.name: task for task in cell.tasks}, cell.timing or {},
+                              {**(cell.provenance or {}), "fleet": True})
+    try:   # before the transaction: a crash here writes the same bytes again
+        write_cell_samples(run_dir, evaluated, step=step, cell_identity=identity)
+    except TaskFilesRefused as exc:
+        raise CellError(f"{where}: tasks[{exc.task!r}]: its per-sample files are refused ({exc.cause})") from None
+    commit = cell_commit(evaluated, step=step, cell_identity=identity, wall_time=wall_time,
+                         layout_state=ledger.get_state(tensorboard_layout.LAYOUT_STATE))
+    write_layout(ledger, commit.layout)
+    return ledger.take_cell(step, suite, identity, EVALUATED, metrics=commit.metrics, record=commit.record,
+                            provenance=commit.provenance)
 
 
 def _drain(run_dir: Path, ledger: Ledger) -> int | None:

@@ -82,8 +82,8 @@ class Server:
         self.force_exit = False
         self.exit_code = 0
         self.events: "queue.Queue[tuple[str, Any]]" = queue.Queue(maxsize=EVENT_QUEUE_SIZE)
-        self.pipeline = pipeline or Pipeline(should_abort=self._should_abort, group=group)
-        self.pipeline.keep_alive = self._keep_alive   # the network's build blocks the loop for seconds
+        # the network's build blocks the loop for seconds: between its steps, keep_alive republishes the control state
+        self.pipeline = pipeline or Pipeline(should_abort=self._should_abort, group=group, keep_alive=self._keep_alive)
         self.disk = disk_full.DiskWait(should_stop=lambda: self.should_exit)  # a signal ends a wait for space
         self.run: Run | None = None
         self.receiver: Receiver | None = None

@@ -40,7 +40,7 @@ from evald.contracts.partition import source_exists
 from evald.ledger.ledger import EVALUATED, Ledger, Record
 from evald.pipeline.network import Held
 from evald.pipeline.pipeline import ServablePipeline
-from evald.pipeline.suites.scoring import TokenScorer, model_max_length
+from evald.pipeline.engine import TokenScorer, model_max_length
 from evald.pipeline.suites.tokenizer import Tokenizer, build_tokenizer
 from evald.serve.app import Context, build_app
 from evald.serve.http_thread import HttpThread, ServeError
@@ -219,7 +219,8 @@ class Serving:
                  "cached (a prefill, then one token per row per step)" if scorer.decoding == "cached" else
                  "full-forward (a forward of each row per new token: " + (
                      "a tensor-parallel eval group keeps no cache)" if scorer is not local else
-                     f"{type(local.network).__name__} has no init_cache/extend)"))
+                     f"{type(local.network).__name__} has no init_cache/extend)" if not hasattr(local.network, "extend")
+                     else f"{type(local.network).__name__}.extend failed its check at warm-up: the ERROR above)"))
 
     def _scorer_failed(self, exc: Exception, window: tuple[int, str]) -> None:
         log.debug("the serving scorer failed", exc_info=True)

@@ -12,26 +12,29 @@ waits for its validation, so while training runs the newest checkpoint goes firs
 One cell is one ledger transaction each way (start, finish with its TensorBoard record), and its
 per-sample files (evald.ledger.samples) are written, deterministically and atomically, before the
 finishing transaction, so a crash anywhere evaluates the cell again and writes the same files and
-exactly one TensorBoard point per metric (the crash-replay test covers it).
+exactly one TensorBoard point per metric (the crash-replay test covers it). What an evaluated cell
+commits is evald.daemon.cell_commit's, as for a backfill fleet's cells.
 
-May import: sinks, intake, decisions, pipeline, files, ledger, config, contracts.
+May import: sinks, intake, decisions, pipeline, files, ledger, config, contracts, and the daemon's cell_commit.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from evald.contracts.partition import source_exists
+from evald.daemon.cell_commit import (EvaluatedCell, cell_commit, layout_update, samples_text, write_cell_samples,
+                                     write_layout)
 from evald.decisions.decisions import Decisions, Outcome
 from evald.decisions.monitor_targets import parse_suite_monitor
 from evald.ledger.ledger import DELETED, EVALUATED, FAILED, QUEUED, SKIPPED, Ledger, Record
 from evald.ledger.schema import BACKFILL_REQUESTS, DROPPED, MALFORMED, Cell
-from evald.ledger.samples import SampleFileError, samples_of, write_samples
-from evald.pipeline.pipeline import EvaluationPipeline, Failed, Retry, SuiteEvaluated
+from evald.ledger.samples import SampleFileError, samples_of
+from evald.pipeline.seam import EvaluationPipeline, Failed, Retry, SuiteEvaluated
 from evald.pipeline.tasks.base import EvaluationInterrupted
 from evald.pipeline.suites.tokenizer import TokenizerChanged, check_unchanged
 from evald.sinks import tensorboard_layout
@@ -42,7 +45,6 @@ if TYPE_CHECKING:   # the runner imports lm-eval; suite_turn runs without a suit
 
 log = logging.getLogger("evald")
 
-SAMPLES_SHOWN = 3          # documents per task in the TensorBoard text of a step
 BACKFILL_KEY = BACKFILL_REQUESTS      # kv: requests from `evald backfill` not yet queued
 SINCE_KEY = "suites_since"           # kv: {suite: the first step it covers without a backfill}
 TOKENIZER_KEY = "tokenizer_sha256"   # kv: the tokenizer this run's benchmarks use (one per run)
@@ -64,8 +66,7 @@ def on_built(ledger: Ledger, pipeline: EvaluationPipeline, run_id: str | None = 
             check_unchanged(recorded, str(runner.identity["tokenizer"]),
                             max(ledger.step_numbers(), default=0))
         except TokenizerChanged as exc:
-            pipeline.suites.pop(name)
-            pipeline.suite_errors[name] = str(exc)
+            pipeline.refuse_suite(name, str(exc))
             log.error("suite %s not run: %s", name, exc)
             continue
         if recorded is None:
@@ -226,8 +227,7 @@ class SuiteMonitor:
 def evaluate_cells(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path, run_dir: Path, *, max_attempts: int,
                    step: int | None = None, monitor: SuiteMonitor | None = None) -> bool:
     """Evaluate the queued cells of ``step``, or else the newest queued cell; True if one was run."""
-    runnable = [c for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
-                and c.identity == pipeline.suites[c.suite].cell_identity]
+    runnable = _runnable(ledger, pipeline)
     if step is not None:
         chosen = [c for c in runnable if c.step == step]
     else:
@@ -239,8 +239,13 @@ def evaluate_cells(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path,
 
 def waiting_cells(ledger: Ledger, pipeline: EvaluationPipeline) -> int:
     """Queued cells this evald can run (a suite that is not built cannot hold the run open)."""
-    return sum(1 for c in ledger.cells(QUEUED) if c.suite in pipeline.suites
-               and c.identity == pipeline.suites[c.suite].cell_identity)
+    return len(_runnable(ledger, pipeline))
+
+
+def _runnable(ledger: Ledger, pipeline: EvaluationPipeline) -> list[Cell]:
+    """The queued cells of built suites, of each one's current cell identity."""
+    identities = {name: runner.cell_identity for name, runner in pipeline.suites.items()}
+    return [c for c in ledger.cells(QUEUED) if c.suite is not None and identities.get(c.suite) == c.identity]
 
 
 def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path, run_dir: Path, cell: Cell,
@@ -260,31 +265,23 @@ def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path,
     now = time.time()
     if isinstance(outcome, SuiteEvaluated):
         result = outcome.result
-        written = {task: write_samples(run_dir, suite=name, task=task, step=cell.step, identity=result.identity,
-                                       identity_sha256=result.identity_sha256, cell_identity=cell.identity,
-                                       metrics=task_result.metrics, samples=task_result.samples)
-                   for task, task_result in result.tasks.items()}
-        scalars = result.scalars()
-        bookkeeping = {f"evald/suites/{name}/evaluate_s": result.evaluate_s,
-                       f"evald/suites/{name}/load_s": outcome.load_s,
-                       f"evald/suites/{name}/compiled_graphs": float(result.compiled_graphs),
-                       f"evald/suites/{name}/tokens_per_s": result.tokens / max(result.evaluate_s, 1e-9)}
-        texts = {f"{name}/samples": _samples_text(result),
-                 f"evald/suites/{name}/identity": f"suite identity `{result.identity_sha256[:12]}` (sha256 "
-                                                  f"`{result.identity_sha256}`), cell `{cell.identity}`, lm-eval "
-                                                  f"{result.identity['lm_eval']}"}
-        kv = None
+        evaluated = EvaluatedCell(name, result.identity, result.identity_sha256, result.scalars(), result.tasks,
+                                  {"evaluate_s": result.evaluate_s, "load_s": outcome.load_s,
+                                   "compiled_graphs": float(result.compiled_graphs), "tokens": float(result.tokens)},
+                                  outcome.provenance)
+        written = write_cell_samples(run_dir, evaluated, step=cell.step, cell_identity=cell.identity)
+        commit = cell_commit(evaluated, step=cell.step, cell_identity=cell.identity, wall_time=row.commit_time or now,
+                             layout_state=ledger.get_state(tensorboard_layout.LAYOUT_STATE))
+        record, kv = commit.record, None
         if monitor is not None and monitor.wants(name):
-            decided, kv = monitor.observe(run_dir, cell.step, scalars, monitor.monitored_samples(result, written))
-            texts.update(decided)
-        _suite_layout_if_new(ledger, cell.step, {f"eval/{k}": v for k, v in scalars.items()}, row.commit_time or now)
-        record = Record("eval", cell.step, row.commit_time or now, {**scalars, **bookkeeping}, texts)
-        ledger.finish_cell(cell.step, name, cell.identity, EVALUATED, metrics=scalars, record=record,
-                           provenance={"identity": result.identity, "identity_sha256": result.identity_sha256,
-                                       **outcome.provenance}, kv=kv)
-        shown = " ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in scalars.items() if not k.endswith("_stderr"))
+            decided, kv = monitor.observe(run_dir, cell.step, commit.metrics, monitor.monitored_samples(result, written))
+            record = replace(record, texts={**record.texts, **decided})
+        write_layout(ledger, commit.layout)
+        ledger.finish_cell(cell.step, name, cell.identity, EVALUATED, metrics=commit.metrics, record=record,
+                           provenance=commit.provenance, kv=kv)
+        shown = " ".join(f"{k.split('/', 1)[1]}={v:.4g}" for k, v in commit.metrics.items() if not k.endswith("_stderr"))
         log.info("step %d suite %s: %s | %.1fs, %d graph(s), %.0f tokens/s", cell.step, name, shown[:400],
-                 result.evaluate_s, result.compiled_graphs, bookkeeping[f"evald/suites/{name}/tokens_per_s"],
+                 result.evaluate_s, result.compiled_graphs, commit.tokens_per_s or 0.0,
                  extra={"step": cell.step, "state": EVALUATED, "suite": name})
         return
     current = ledger.cell(cell.step, name)
@@ -303,25 +300,11 @@ def _evaluate_cell(ledger: Ledger, pipeline: EvaluationPipeline, ckpt_dir: Path,
 
 
 def _suite_layout_if_new(ledger: Ledger, step: int, scalars: Mapping[str, float], wall_time: float) -> None:
-    """The Custom Scalars layout, once a suite brings metrics it does not cover (a chart per suite;
-    ``scalars`` named as the layout's state names them, ``eval/SUITE/TASK/METRIC``)."""
-    state = ledger.get_state(tensorboard_layout.LAYOUT_STATE)
-    cover = tensorboard_layout.covered(state, scalars, (state or {}).get("monitor", "eval/loss"))
-    if cover != state:
-        ledger.add_records([Record(tensorboard_layout.LAYOUT_STREAM, step, wall_time, {},
-                                   {tensorboard_layout.LAYOUT_TAG: tensorboard_layout.layout_text(cover)})],
-                           kv={tensorboard_layout.LAYOUT_STATE: cover})
+    """The Custom Scalars layout, once a suite brings metrics it does not cover (``scalars`` named as the
+    layout's state names them, ``eval/SUITE/TASK/METRIC``): evald.daemon.cell_commit's, for one step."""
+    write_layout(ledger, layout_update(ledger.get_state(tensorboard_layout.LAYOUT_STATE), scalars, step, wall_time))
 
 
 def _samples_text(result: SuiteResult) -> str:
-    """A handful of documents per task, for TensorBoard's Text page: each task's documents as
-    preformatted text (a target such as ``# flake8: noqa`` is not Markdown)."""
-    parts = []
-    for task, task_result in result.tasks.items():
-        metrics = ", ".join(f"{k} {v:.4g}" for k, v in task_result.metrics.items() if not k.endswith("_stderr"))
-        parts.append(f"**{task}** ({task_result.documents} documents; {metrics})")
-        docs = [f"doc {sample['doc_id']}: target {str(sample['target'])[:80]!r}, resps {str(sample['resps'])[:200]}, "
-                f"metrics {sample['metrics']}" for sample in task_result.samples[:SAMPLES_SHOWN]]
-        if docs:
-            parts.append(tensorboard_layout.preformatted("\n".join(docs)))
-    return "\n\n".join(parts)
+    """A handful of documents per task of ``result``, for TensorBoard's Text page (cell_commit.samples_text)."""
+    return samples_text(result.tasks)

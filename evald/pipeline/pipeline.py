@@ -3,7 +3,7 @@
 The Pipeline owns the Evaluator: it builds it (and compiles the graph) as soon as the
 model and data factories are known, from the configuration or the trainer's
 announcement, not when the first checkpoint arrives. ``evaluate`` turns one step into
-one of three outcomes:
+one of three outcomes (evald.pipeline.seam):
 
 * ``Evaluated``: the metrics;
 * ``Failed``: the checkpoint is bad (corrupt, wrong shapes, deleted); the reason is
@@ -12,142 +12,54 @@ one of three outcomes:
   queue with its attempt counted, and evald says so loudly, because such an error
   says nothing about the checkpoint.
 EvaluationInterrupted (a forced shutdown, or a signal during a read) propagates: the caller re-queues
-the step, or fails it after tuning.max_attempts interruptions.
+the step, or fails it after tuning.max_attempts interruptions. The benchmark suites on the same network
+are its SuiteHost's (evald.pipeline.suite_host); the Pipeline swaps a step's weights in for them.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+import time
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from evald.config import EvaldConfig, factory_spec
 from evald.contracts.safetensors_io import ReadInterrupted
 from evald.files.recognise import CheckpointDeleted, CheckpointError
-from evald.ledger.ledger import DELETED, FAILED, Step
+from evald.ledger.ledger import DELETED, Step
 from evald.pipeline.factories import check_allowed
 from evald.pipeline.group.protocol import Group
-from evald.pipeline.network import EvalResult, Evaluator, Held
+from evald.pipeline.network import Evaluator, Held
+from evald.pipeline.seam import (EvaluationPipeline, Evaluated, Failed, Outcome, Retry,  # noqa: F401 (re-exported)
+                                 ServablePipeline, SuiteEvaluated, SuiteOutcome)
+from evald.pipeline.suite_host import SuiteHost
 from evald.pipeline.swap.provenance import EvaluationSpec
 from evald.pipeline.subset import SubsetInfo
 from evald.pipeline.tasks.base import EvaluationInterrupted, ShouldAbort
 
 if TYPE_CHECKING:   # the suites' runner imports lm-eval: only when a suite is configured, not for a type
     from evald.pipeline.group.evaluator import GroupEvaluator
-    from evald.pipeline.suites.runner import SuiteResult, SuiteRunner
+    from evald.pipeline.suites.runner import SuiteRunner
 
 log = logging.getLogger("evald.pipeline.pipeline")
 
 
-@dataclass(frozen=True)
-class Evaluated:
-    result: EvalResult
-    identity: str | None = None   # the validation identity that produced it (evald.ledger cells)
-
-
-@dataclass(frozen=True)
-class Failed:
-    reason: str
-    state: str = FAILED
-    identity: str | None = None   # the validation identity that judged it, when it evaluated the file
-
-
-@dataclass(frozen=True)
-class Retry:
-    reason: str
-
-
-Outcome = Union[Evaluated, Failed, Retry]
-
-
-class EvaluationPipeline(Protocol):
-    """What the daemon needs of a pipeline: the real one below, or a test's stand-in."""
-
-    blocked_reason: str | None
-    suites: dict[str, SuiteRunner]   # name -> its runner, once built
-    suite_errors: dict[str, str]     # name -> why it cannot run
-    suites_pending: tuple[str, ...]  # configured suites not built yet (build_next_suite builds them)
-    keep_alive: Callable[[], None]   # set by the daemon: called between the steps of building the network
-
-    @property
-    def subset(self) -> SubsetInfo | None:
-        """The fixed subset of the network built, or None before one is."""
-
-    @property
-    def validation_identity(self) -> str | None:
-        """The default validation's identity (sha256 of its settings), once built."""
-
-    def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome: ...
-
-    def ensure_built(self, config: EvaldConfig) -> bool: ...
-
-    def build_next_suite(self) -> bool:
-        """One piece of building a pending suite (or fail it, with its reason in suite_errors); False when none
-        is pending."""
-
-    def evaluate(self, ckpt_dir: Path, row: Step) -> Outcome: ...
-
-
-class ServablePipeline(Protocol):
-    """What the HTTP endpoint (evald.daemon.serving) uses of a pipeline: the network it answers with, the
-    checkpoint that network holds, and a swap of another evaluated step into it between evaluations."""
-
-    @property
-    def network(self) -> Any:
-        """The compiled network (a mindspore.nn.Cell), or None before one is built."""
-
-    def held(self) -> Held | None: ...
-
-    def swap_in(self, ckpt_dir: Path, row: Step) -> Held: ...
-
-    @property
-    def tensor_parallel(self) -> bool:
-        """Whether the network is one shard of a tensor-parallel group: every forward needs every rank."""
-
-    def group_scorer(self, scorer: Any) -> Any:
-        """``scorer`` (a TokenScorer on this process's network), or, on a tensor-parallel group, one that
-        runs each call on every rank."""
-
-
-@dataclass(frozen=True)
-class SuiteEvaluated:
-    result: SuiteResult
-    load_s: float                # 0 when the network already held the step's weights
-    provenance: dict
-
-
-SuiteOutcome = Union[SuiteEvaluated, Failed, Retry]
-
-
-@dataclass(frozen=True)
-class _Plugin:
-    name: str
-    metric: Any
-
-
 class Pipeline:
-    def __init__(self, should_abort: ShouldAbort, group: Group | None = None, device_selected: bool = False) -> None:
+    def __init__(self, should_abort: ShouldAbort, group: Group | None = None, device_selected: bool = False,
+                 keep_alive: Callable[[], None] = lambda: None) -> None:
         """``device_selected``: this process has chosen its device already (an eval group's ranks do before
-        init(); so does a process whose MindSpore runtime already runs kernels, where choosing fails)."""
-        self.should_abort = should_abort
-        # called between the steps of building the network (graphs compile for seconds each): the server sets it
-        # to republish its control state, so that a trainer that connects meanwhile hears evald and its leases
-        self.keep_alive: Callable[[], None] = lambda: None
+        init(); so does a process whose MindSpore runtime already runs kernels, where choosing fails).
+        ``keep_alive`` is called between the steps of building the network (graphs compile for seconds each):
+        the server's republishes its control state, so that a trainer that connects meanwhile hears evald."""
+        self.should_abort, self.keep_alive = should_abort, keep_alive
         self.group = group  # an eval group's rank 0 (evald.pipeline.group.protocol.Group): every rank builds and evaluates
         self.evaluator: Evaluator | GroupEvaluator | None = None  # a group's rank 0 holds a GroupEvaluator
         self.blocked_reason: str | None = None   # why nothing can be evaluated now, when so
         self._built_specs: EvaluationSpec | None = None
         self._failed_specs: EvaluationSpec | None = None
         self._device_selected = device_selected or group is not None
-        self.suites: dict[str, SuiteRunner] = {}
-        self.suite_errors: dict[str, str] = {}    # name -> why the suite cannot run
-        self._suites_for: Any = None              # what the suites were built for
-        self._suite_plan: tuple[EvaldConfig, EvaluationSpec] | None = None  # what the pending ones are for
-        self._tokenizer: Any = None               # the suites' tokenizer, built with the first of them
-        self._model_vocab: int | None = None      # the network's vocabulary (its logits), measured once
-        self.suites_pending: tuple[str, ...] = ()  # configured, not built yet: built between evaluations
-        self._building: SuiteRunner | None = None  # the first pending suite, its graphs being compiled
+        self._suites = SuiteHost(group)           # every suite's life: planned, built, refused, evaluated
         self.loaded_step: int | None = None       # the step whose weights the network holds, if proven
         self._named: tuple[Path, int] | None = None   # the path last swapped in, and its ledger step
 
@@ -232,7 +144,7 @@ class Pipeline:
                       exc_info=not isinstance(exc, (ValueError, TypeError, ImportError)))
             return False
         self._built_specs, self._failed_specs, self.blocked_reason = specs, None, None
-        self._ensure_suites(config, specs)
+        self._suites.plan(config, specs)
         return True
 
     @property
@@ -244,118 +156,48 @@ class Pipeline:
             return None
         return sha256_of(self._built_specs.identity())
 
-    def _ensure_suites(self, config: EvaldConfig, specs: EvaluationSpec) -> None:
-        """Plan the configured benchmark suites on the network (once per configuration). They are built
-        later, one per call of build_next_suite, so that building them (tens of seconds each: lm-eval's
-        tasks, the scorer's graphs) never delays a checkpoint's validation."""
-        wanted = (dict(config.suites or {}), config.tokenizer_factory, config.tokenizer_kwargs, specs)
-        if wanted == self._suites_for:
-            return
-        self._suites_for, self.suites, self.suite_errors = wanted, {}, {}
-        self._suite_plan, self._tokenizer, self._model_vocab = (config, specs), None, None
-        self.suites_pending, self._building = tuple(sorted(config.suites or {})), None
+    # -- the benchmark suites (evald.pipeline.suite_host) ----------------------------------------------
+    @property
+    def suites(self) -> Mapping[str, SuiteRunner]:
+        return self._suites.suites
+
+    @property
+    def suite_errors(self) -> Mapping[str, str]:
+        return self._suites.suite_errors
+
+    @property
+    def suites_pending(self) -> tuple[str, ...]:
+        return self._suites.pending
+
+    @property
+    def _building(self) -> SuiteRunner | None:   # the suite whose graphs compile now (a test watches it)
+        return self._suites.building
 
     def build_next_suite(self) -> bool:
-        """One piece of building the next pending suite, False when none is pending. The pieces: the tokenizer
-        (once), the suite's lm-eval tasks with the vocabulary check, then its graphs, one per call (seconds
-        each at LLM shapes). A checkpoint that arrives meanwhile waits for one piece, never a whole build
-        (tens of seconds). The suite is in ``suites`` once its last graph is compiled."""
-        if not self.suites_pending or self._suite_plan is None or self.evaluator is None:
-            return False
-        config, specs = self._suite_plan
-        if self._tokenizer is None and not self._build_tokenizer(config):
-            return True
-        name = self.suites_pending[0]
-        try:
-            if self._building is None or self._building.name != name:
-                self._building = self._new_suite(name, config, specs)
-                return True
-            if not self._building.warm_next():
-                return True
-            self.suites[name] = self._building
-        except Exception as exc:  # noqa: BLE001 - one broken suite must not stop the others
-            self.suite_errors[name] = f"cannot build suite {name}: {exc}"
-            log.error("%s; its queued cells wait until it is fixed", self.suite_errors[name],
-                      exc_info=not isinstance(exc, (ValueError, KeyError, ImportError)))
-        self._building, self.suites_pending = None, self.suites_pending[1:]
-        return True
+        """One piece of building the next pending suite (SuiteHost.build_next), False when none is pending."""
+        return self._suites.build_next(self.evaluator.network if self.evaluator is not None else None)
 
-    def _new_suite(self, name: str, config: EvaldConfig, specs: EvaluationSpec) -> SuiteRunner:
-        """Suite ``name``'s runner (its tasks loaded, no graph compiled yet), the tokenizer checked against the
-        model's vocabulary."""
-        from evald.pipeline.suites.runner import SuiteRunner
-        from evald.pipeline.suites.tokenizer import check_covers
-
-        options = config.suites[name]
-        log.info("building suite %s: its tasks now, then its graphs one at a time between evaluations", name)
-        network_identity = {"model": specs.model.target, "model_kwargs": dict(specs.model.kwargs), "task": specs.task}
-        scorer = None
-        if self.group is not None:  # the requests split over the group's ranks; lm-eval sees one
-            from evald.pipeline.group.scoring import GroupScorer
-            from evald.pipeline.suites.scoring import TokenScorer
-
-            ids = config.device.ids
-            wanted = {int(i) for i in options.device.split(",")} if options.device else set(ids)
-            ranks = [r for r in range(self.group.size) if ids[r % len(ids)] in wanted]
-            scorer = GroupScorer(self.group, TokenScorer(self.evaluator.network,  # type: ignore
-                                                         max_length=options.max_length,
-                                                         batch_size=options.batch_size), ranks,
-                                 tensor_parallel=config.tensor_parallel > 1)
-        runner = SuiteRunner(name, options, self.evaluator.network, self._tokenizer,  # type: ignore
-                             network_identity=network_identity, scorer=scorer)
-        if self._model_vocab is None:
-            self._model_vocab = runner.scorer.vocab_size()
-        check_covers(self._tokenizer, self._model_vocab)  # else plausible numbers that mean nothing
-        return runner
-
-    def _build_tokenizer(self, config: EvaldConfig) -> bool:
-        """The suites' tokenizer; False (every pending suite failed, with the reason) when it cannot be built."""
-        from evald.contracts.wire import FactorySpec
-        from evald.pipeline.suites.tokenizer import build_tokenizer
-
-        try:
-            spec = (FactorySpec(config.tokenizer_factory, dict(config.tokenizer_kwargs or {}), config.app_dir)
-                    if config.tokenizer_factory else None)
-            if spec is not None:
-                check_allowed(spec, "tokenizer", config.factory_allow)
-            self._tokenizer = build_tokenizer(spec)
-        except Exception as exc:  # noqa: BLE001 - a bad tokenizer blocks the suites, not the validation
-            for name in self.suites_pending:
-                self.suite_errors[name] = f"cannot build the tokenizer: {exc}"
-            self.suites_pending = ()
-            log.error("benchmark suites not run: cannot build the tokenizer: %s", exc)
-            return False
-        return True
+    def refuse_suite(self, name: str, reason: str) -> None:
+        self._suites.refuse(name, reason)
 
     def evaluate_suite(self, name: str, ckpt_dir: Path, row: Step) -> SuiteOutcome:
         """Suite ``name`` on step ``row``'s weights (swapped in first unless the network holds them)."""
-        import time
+        assert self.evaluator is not None, "ensure_built() first"
+        return self._suites.evaluate(name, row, lambda: self._load(ckpt_dir, row))
 
-        from evald.pipeline.suites.runner import NonFiniteScores
-
-        assert self.evaluator is not None and name in self.suites, "ensure_built() first"
-        load_s, provenance = 0.0, {}
-        try:
-            if self.loaded_step != row.step:
-                self.loaded_step = None
-                started = time.time()
-                provenance = self.evaluator.load_only(ckpt_dir / row.source, row.kind, row.step)
-                self.loaded_step, load_s = row.step, time.time() - started
-            result = self.suites[name].run()
-        except EvaluationInterrupted:
-            raise
-        except CheckpointDeleted as exc:
-            return Failed(str(exc), DELETED)
-        except (CheckpointError, NonFiniteScores) as exc:   # the weights' fault: evaluating again gives the same
-            return Failed(str(exc))
-        except Exception as exc:
-            log.exception("suite %s on step %d (%s) raised unexpectedly", name, row.step, row.source)
-            return Retry(f"suite {name} raised {exc!r}")
-        return SuiteEvaluated(result, load_s, provenance)
+    def _load(self, ckpt_dir: Path, row: Step) -> tuple[float, dict]:
+        """Swap step ``row``'s weights in unless the network holds them: (seconds it took, their provenance)."""
+        if self.loaded_step == row.step:
+            return 0.0, {}
+        assert self.evaluator is not None
+        self.loaded_step, started = None, time.time()
+        provenance = self.evaluator.load_only(ckpt_dir / row.source, row.kind, row.step)
+        self.loaded_step = row.step
+        return time.time() - started, provenance
 
     def _build(self, config: EvaldConfig, specs: EvaluationSpec) -> None:
         from evald.pipeline.device import select_device
-        from evald.pipeline.metrics.plugins import load_metric, plugin_name
+        from evald.pipeline.metrics.plugins import load_plugins
 
         task, model, data = specs.task, specs.model, specs.data
         if not self._device_selected:
@@ -363,7 +205,7 @@ class Pipeline:
             self._device_selected = True
         log.info("building the evaluation network: task %s, model %s %s, data %s %s", task, model.target,
                  dict(model.kwargs), data.target, dict(data.kwargs))
-        plugins = [_Plugin(plugin_name(spec), load_metric(spec)) for spec in config.metric_plugins]
+        plugins = load_plugins(config.metric_plugins)
         generation = None
         if task == "lm" and config.generation.prompts > 0:
             from evald.pipeline.tasks.generation import SampleGenerator

@@ -24,7 +24,7 @@ scorer's padding invariance) nor on the slice it ran in (each row has its own ge
 A log-probability that is not finite (weights holding NaN or Inf) is ``NonFinite``: never a number
 in an answer (JSON has none for it), never a sampled token.
 
-May import: pipeline (scoring, tokenizer), serve.requests.
+May import: pipeline (the engine, the tokenizer), serve.requests.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from evald.pipeline.suites.scoring import ScoreRequest, TokenScorer, TokenScores
+from evald.pipeline.engine import ScoreRequest, TokenScorer, TokenScores
 from evald.pipeline.suites.tokenizer import Tokenizer
 from evald.serve.requests import Completion
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from evald.pipeline.network import Held
-from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.engine import TokenScorer
 from evald.pipeline.suites.tokenizer import Tokenizer
 from evald.serve import engine
 from evald.serve.jobs import Job, JobQueue, ServeStats

@@ -183,3 +183,17 @@ def test_each_pipeline_sub_package_imports_only_what_it_says_within_the_pipeline
                     used.add(dep.removeprefix("evald.pipeline."))
     outside = {u for u in used if not any(u == a or u.startswith(a + ".") for a in allowed)}
     assert not outside, f"evald/pipeline/{sub} uses {sorted(outside)} of the pipeline; its docstring allows {sorted(allowed)}"
+
+
+def test_the_scoring_engine_is_below_its_clients():
+    """evald.pipeline.engine (the TokenScorer) is imported by its clients (the suites, the eval group, the HTTP
+    endpoint) and imports none of them: within evald only itself and the pipeline's tasks (the cached-decoding
+    interface). Its clients import it by its own name, not by the old path kept one release (suites.scoring)."""
+    engine = {m: deps for m, deps in GRAPH.items() if m == "evald.pipeline.engine" or m.startswith("evald.pipeline.engine.")}
+    assert engine, "evald/pipeline/engine/ exists"
+    for module, deps in engine.items():
+        foreign = {d for d in deps if not (d.startswith("evald.pipeline.engine") or d.startswith("evald.pipeline.tasks"))}
+        assert not foreign, f"{module} imports {sorted(foreign)}: the engine imports none of its clients"
+    old = "evald.pipeline.suites.scoring"
+    users = sorted(m for m, deps in GRAPH.items() if old in deps and m.startswith("evald"))
+    assert users == [], f"{users} import the engine's old path {old}; import evald.pipeline.engine"

@@ -4,5 +4,5 @@
 - ``evaluator.py``: the validation on every rank, each taking its share of the fixed subset
 - ``scoring.py``: a suite's requests split over the ranks, with one rank's numbers bit for bit
 
-May import: config, contracts, files; within evald.pipeline: network, tasks, suites.
+May import: config, contracts, files; within evald.pipeline: engine, network, tasks.
 """

@@ -224,7 +224,7 @@ def _scorer_for(scorers: dict, evaluator: Evaluator | None, settings: Mapping[st
     """This rank's TokenScorer of a suite's shape (built, and compiled, at its first share)."""
     if evaluator is None:
         return None
-    from evald.pipeline.suites.scoring import TokenScorer
+    from evald.pipeline.engine import TokenScorer
 
     key = json.dumps(settings, sort_keys=True)
     if key not in scorers:

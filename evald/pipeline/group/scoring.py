@@ -21,7 +21,7 @@ Generation on a group ignores the adapter's stop callables and runs each row to 
 ``max_new_tokens``; the adapter cuts the text at the first stop string, which is where a single
 device stopped (greedy decoding: the tokens before it are the same).
 
-May import: the suites' scoring and the group's protocol.
+May import: the pipeline's engine and the group's protocol.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from evald.pipeline.group.protocol import ERROR, GENERATE, OK, SCORE, WARM, Group, GroupError
-from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest, TokenScorer, TokenScores, shared_rows
+from evald.pipeline.engine import GenerateRequest, ScoreRequest, TokenScorer, TokenScores, shared_rows
 
 log = logging.getLogger("evald.group")
 
@@ -139,7 +139,9 @@ def warm_share(scorer: TokenScorer | None, group: Group, payload: Mapping[str, A
         if group.rank == 0 or group.rank in _ranks(group, payload):
             if scorer is None:
                 raise RuntimeError("this rank has no evaluation network (its build failed)")
-            scorer.warm_up(bool(payload.get("generate", True)), forks=bool(payload.get("forks", True)))
+            rows = payload.get("check_rows")   # a suite's rows for the check of the cached path, when it has some
+            scorer.warm_up(bool(payload.get("generate", True)), forks=bool(payload.get("forks", True)),
+                           **({"check_rows": rows} if rows else {}))
             arrays["vocab"][group.rank] = scorer.vocab_size()
     except Exception as exc:  # noqa: BLE001 - every rank must answer
         log.exception("rank %d: compiling a suite's graphs raised", group.rank)
@@ -203,14 +205,18 @@ class GroupScorer:
         assert self._vocab is not None
         return self._vocab
 
-    def warming(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> Iterator[int]:
+    def warming(self, generate: bool = True, top_decoding: bool = False, forks: bool = True,
+                check_rows: Sequence[Sequence[int]] | None = None) -> Iterator[int]:
         """One step: the group compiles every graph at once (one WARM command)."""
-        yield self.warm_up(generate, top_decoding, forks)
+        yield self.warm_up(generate, top_decoding, forks, check_rows)
 
-    def warm_up(self, generate: bool = True, top_decoding: bool = False, forks: bool = True) -> int:
-        """Every taking part rank compiles its graphs now (WARM); rank 0's count of compiled graphs.
-        ``top_decoding`` is ignored: serving on a group does not decode with a cache (``cached``)."""
-        payload = self._payload(generate=generate, forks=forks)
+    def warm_up(self, generate: bool = True, top_decoding: bool = False, forks: bool = True,
+                check_rows: Sequence[Sequence[int]] | None = None) -> int:
+        """Every taking part rank compiles its graphs now (WARM), each checking its cached path on
+        ``check_rows`` (the same rows everywhere, so every rank decides alike); rank 0's count of compiled
+        graphs. ``top_decoding`` is ignored: serving on a group does not decode with a cache (``cached``)."""
+        payload = self._payload(generate=generate, forks=forks,
+                                check_rows=[[int(t) for t in row] for row in check_rows or ()])
         self.group.command(WARM, payload)
         statuses, combined = warm_share(self.local, self.group, payload)
         _check(statuses, "compile a suite's graphs")

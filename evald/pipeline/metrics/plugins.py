@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Union
 
 import numpy as np
 from mindspore.train import Metric
 
-__all__ = ["load_metric", "plugin_name", "run_metric"]
+__all__ = ["Plugin", "load_metric", "load_plugins", "plugin_name", "run_metric"]
 
 PluginSpec = Union[str, Mapping[str, Any]]
 
@@ -121,6 +122,18 @@ def load_metric(spec: PluginSpec) -> Metric:
             f"metric plugin {target!r} could not be constructed with kwargs {kwargs!r}: {exc}; "
             "fix the [metrics.plugins] kwargs to match the class's __init__"
         ) from exc
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A loaded plug-in: its name (``plugin_name``, the last part of its TensorBoard tag) and its metric."""
+    name: str
+    metric: Metric
+
+
+def load_plugins(specs: Sequence[PluginSpec]) -> list[Plugin]:
+    """Every plug-in of ``specs`` loaded (``load_metric``), in order."""
+    return [Plugin(plugin_name(spec), load_metric(spec)) for spec in specs]
 
 
 def run_metric(metric: Metric, batches: Iterable[tuple[np.ndarray, ...]]) -> float:

@@ -14,7 +14,7 @@ an empty context is scored after the prefix/EOS token) and evald does the scorin
 * ``generate_until``: greedy decoding only (a request asking for sampling is a ValueError), stopping
   at any ``until`` string (cut from the text, as HFLM does), at EOS, or at ``max_gen_toks``; the stop
   check decodes only the last few tokens at each step (``_stopper``), and the scorer decodes with
-  the network's cache when it has one (evald.pipeline.suites.scoring).
+  the network's cache when it has one (evald.pipeline.engine).
 
 A document that gives nothing to score is ``EmptyDocument`` (naming its task and its place in lm-eval's
 selection; the suite runner names the document), never a plausible number nor lm-eval's IndexError: a
@@ -27,7 +27,7 @@ The ``scorer`` is anything with TokenScorer's ``score``/``generate``/``max_lengt
 TokenScorer, or an eval group's scorer that splits the requests over its ranks (lm-eval still sees
 one rank; evald.pipeline.group.evaluator).
 
-May import: the pipeline's scoring and tokenizer modules.
+May import: the pipeline's engine and tokenizer modules.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 
-from evald.pipeline.suites.scoring import GenerateRequest, ScoreRequest
+from evald.pipeline.engine import GenerateRequest, ScoreRequest
 from evald.pipeline.suites.tokenizer import Tokenizer, bos_id
 
 DEFAULT_MAX_GEN_TOKS = 256

@@ -25,7 +25,7 @@ fails with that reason; lm-eval would otherwise take the argmax over NaN (choice
 plain accuracy. The per-sample records are checked, and the adapter's own count of non-finite
 scores backs them (a task whose records drop its responses is caught as well).
 
-May import: config, contracts, and the pipeline's scoring, tokenizer, lm_adapter, subset, task_files modules.
+May import: config, contracts, the pipeline's engine, and its tokenizer, lm_adapter, subset, task_files modules.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from evald.config.options import SuiteOptions
-from evald.pipeline.suites.scoring import TokenScorer
+from evald.pipeline.engine import TokenScorer
 from evald.pipeline.suites.task_files import task_manager
 from evald.pipeline.subset import select_subset
 from evald.pipeline.suites.tokenizer import Tokenizer, tokenizer_hash
@@ -157,18 +157,20 @@ class SuiteRunner:
         self.cell_identity = f"{self.identity_sha256}.{_sha256({'network': self.network_identity})[:16]}"
         self._started, self._ready = started, False
         with self._naming_empty_documents():
-            self._plan_buckets()
+            samples = self._plan_buckets()
         # the graphs: compiled by warm_next, one a call, or by warm_up. Only what the tasks run: forks help
-        # log-likelihood choices, generation graphs serve generate_until (a bits-per-byte suite needs neither)
+        # log-likelihood choices, generation graphs serve generate_until (a bits-per-byte suite needs neither).
+        # The model's cached path is checked on the suite's own rows (evald.pipeline.engine.cache_check).
         kinds = {task["output_type"] for task in tasks.values()}
         self._warming = self.scorer.warming(generate="generate_until" in kinds,
-                                            forks=bool(kinds & {"multiple_choice", "loglikelihood"}))
+                                            forks=bool(kinds & {"multiple_choice", "loglikelihood"}),
+                                            check_rows=samples)
 
-    def _plan_buckets(self) -> None:
+    def _plan_buckets(self) -> list[list[int]]:
         """A dry run of lm-eval over the suite's documents, answered with zeros (bucket_plan.PlanningScorer):
         the rows every request would run, and the scorer's bucket lengths fitted to them before any graph
         compiles (TokenScorer.fit_lengths). A bits-per-byte suite of 600-token documents in a 1,280 window
-        then runs them in a 608 bucket, not the ladder's 704."""
+        then runs them in a 608 bucket, not the ladder's 704. The tokens of the suite's first few requests."""
         from evald.pipeline.suites.bucket_plan import PlanningScorer
         from evald.pipeline.suites.lm_adapter import EvaldLM
 
@@ -179,6 +181,7 @@ class SuiteRunner:
         lengths = self.scorer.fit_lengths(planner.rows)
         log.info("suite %s: %d rows planned in %.1fs; buckets %s", self.name, len(planner.rows),
                  time.time() - started, list(lengths))
+        return planner.samples
 
     def _evaluate(self, lm: Any, *, log_samples: bool, bootstrap_iters: int) -> dict:
         """lm-eval's evaluation of the suite's documents with ``lm``, seeded as the suite says."""

@@ -54,7 +54,7 @@ class CachedDecoder(Protocol):
 @runtime_checkable
 class CachedScorer(CachedDecoder, Protocol):
     """A CachedDecoder that also scores a chunk at every position, so that continuations that share a context
-    but diverge after it run the context once (evald.pipeline.suites.scoring forks one prefilled cache).
+    but diverge after it run the context once (evald.pipeline.engine forks one prefilled cache).
 
     ``extend_all(tokens, start, cache)`` is ``extend`` with the head at every chunk position: it returns the
     (B, c, vocab) logits and the updated cache. ``cache_rows(cache, rows)`` returns a cache of ``len(rows)``
@@ -97,7 +97,7 @@ class NextTokenLogits(nn.Cell):
     argmax (B,), computed on the device; ``index`` is (B, 2) int32 rows of (row, position).
 
     Shared by the sample generator and the benchmarks' greedy ``generate_until``
-    (evald.pipeline.suites.scoring.TokenScorer.generate), so there is one fixed-buffer generation.
+    (evald.pipeline.engine.TokenScorer.generate), so there is one fixed-buffer generation.
     """
 
     def __init__(self, network: nn.Cell, greedy: bool = False) -> None:

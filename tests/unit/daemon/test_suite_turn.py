@@ -20,7 +20,14 @@ def ledger(tmp_path):
 def _pipeline(tokenizer="t" * 64, every_k=1, names=("fast",)):
     suites = {n: SimpleNamespace(options=SimpleNamespace(every_k=every_k), cell_identity=f"{n}-id".ljust(64, "0"),
                                  identity={"tokenizer": tokenizer}) for n in names}
-    return SimpleNamespace(suites=suites, suite_errors={}, suites_pending=(), validation_identity="v" * 64)
+    pipeline = SimpleNamespace(suites=suites, suite_errors={}, suites_pending=(), validation_identity="v" * 64)
+
+    def refuse_suite(name, reason):   # as the pipeline's SuiteHost refuses one (evald.pipeline.seam.SuiteHosting)
+        suites.pop(name, None)
+        pipeline.suite_errors[name] = reason
+
+    pipeline.refuse_suite = refuse_suite
+    return pipeline
 
 
 def _evaluate(ledger, step):

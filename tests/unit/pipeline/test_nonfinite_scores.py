@@ -91,7 +91,8 @@ def test_the_cell_is_failed_with_the_reason_and_no_number_reaches_the_ledger_or_
                       record=Record("eval", 10, 1.0, {"eval/loss": float("nan")}, {}))
         pipeline = pipeline_module.Pipeline(should_abort=lambda: False)
         pipeline.evaluator = SimpleNamespace()     # the network already holds step 10's weights: no load
-        pipeline.suites["mc"], pipeline.loaded_step = mc, 10
+        # a built suite handed to the pipeline's SuiteHost (its ``suites`` is a read-only view: issue 36 item 2)
+        pipeline._suites._suites["mc"], pipeline.loaded_step = mc, 10
         ledger.queue_cells("mc", mc.cell_identity, [10])
         broken(float("nan"))
         with caplog.at_level(logging.INFO, logger="evald"):
