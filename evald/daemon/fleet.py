@@ -11,7 +11,7 @@ It never writes the ledger: ``evald backfill --merge`` (evald.daemon.fleet_merge
 in exactly once. Killed at any point, it loses at most the cell it was running: a rerun of its
 index skips the cells whose files exist and finishes the share.
 
-May import: ledger, pipeline, config, contracts, and the daemon's fleet_cells, fleet_key, suite_turn.
+May import: ledger, pipeline, config, contracts, and the daemon's cell_commit, fleet_cells, fleet_key, suite_turn.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Sequence
 
 from evald.config import EvaldConfig
+from evald.daemon.cell_commit import samples_text
 from evald.daemon.fleet_cells import Journal, Plan, Snapshot, cell_done, publish_plan, write_cell
 from evald.daemon.fleet_key import FleetKey
-from evald.daemon.suite_turn import _samples_text, backfill_steps
+from evald.daemon.suite_turn import backfill_steps
 from evald.ledger.ledger import EVALUATED, Ledger, Step
 from evald.pipeline.pipeline import Failed, Pipeline, Retry, SuiteEvaluated
 
@@ -148,7 +149,7 @@ def _run_cell(pipeline: Pipeline, ckpt_dir: Path, fleet_dir: Path, row: Step, su
             **base, "state": EVALUATED, "identity": result.identity, "identity_sha256": result.identity_sha256,
             "provenance": outcome.provenance, "scalars": result.scalars(),
             "tasks": {task: {"metrics": r.metrics, "samples": r.samples} for task, r in result.tasks.items()},
-            "samples_text": _samples_text(result),
+            "samples_text": samples_text(result.tasks),
             "timing": {"evaluate_s": result.evaluate_s, "load_s": outcome.load_s,
                        "compiled_graphs": result.compiled_graphs, "tokens": result.tokens}}, key)
         report.evaluated.append((suite, row.step))
