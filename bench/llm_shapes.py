@@ -24,9 +24,12 @@ one workload a process measures it as one suite.
 
 For each: **evald** (TokenScorer.score / generate as the adapter calls them; graphs compiled at start,
 not timed); the **floor** (the same network, in process: one forward over each distinct context at its
-exact length, all in one batch, reading the needed log-probabilities on the device; for generation one
-prefill at the exact context length plus one cached decode step per token, at the exact cache
-capacity; compiled first, not timed); the **old path** (TokenScorer as of commit 8bf67c1, read from git:
+exact length, all in one batch, the head (vocabulary projection, log_softmax, argmax) only at the distinct
+positions that are read (``FloorReads``: the network's trunk, ``hidden_states``, then ``apply_head`` at
+those positions, evald.pipeline.tasks.generation.HeadSplit), reading the needed log-probabilities on the
+device; for diverging choices every choice once on a copy of its context's cache, the head at the choice's
+positions; for generation one prefill at the exact context length plus one cached decode step per token,
+the head at one position per row, at the exact cache capacity and rows; compiled first, not timed); the **old path** (TokenScorer as of commit 8bf67c1, read from git:
 every pair its own row, three fixed buckets, a full forward per new token) on a subset, scaled to the
 workload per request (mc, bpb) or per token (gen). Reported: tokens/s, the ratio to the floor, padding
 overhead (padded / real tokens run), graphs compiled, and the process's peak resident memory. For mc and bpb
@@ -65,6 +68,29 @@ def _old_scoring():
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def floor_reads_cell(network: Any) -> Any:
+    """The floor's reader: (B, T) tokens, (P, 2) distinct read positions of (row, position) and (R, 2) reads of
+    (index into the positions, token) -> each read's log-probability and the argmax at each position; the
+    network's trunk runs at every token, its head (and log_softmax, argmax) only at the P positions."""
+    import numpy as np
+    from mindspore import nn, ops
+
+    class FloorReads(nn.Cell):
+        def __init__(self) -> None:
+            super().__init__()
+            self.network = network
+
+        def construct(self, tokens, positions, reads):
+            hidden = ops.gather_nd(self.network.hidden_states(tokens), positions)     # (P, d)
+            logits = self.network.apply_head(hidden).astype(np.float32)             # (P, V)
+            logp = ops.log_softmax(logits, -1)
+            return ops.gather_nd(logp, reads), ops.argmax(logits, -1)
+
+    cell = FloorReads()
+    cell.set_train(False)
+    return cell
 
 
 class Timed(NamedTuple):
@@ -149,7 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--max-length", type=int, default=2048)
-    parser.add_argument("--batch-size", default="1", help="TokenScorer batch_size (a number or auto)")
+    parser.add_argument("--batch-size", default="8", help="TokenScorer batch_size (a number or auto; default: "
+                        "a suite's default, 8)")
     parser.add_argument("--lengths", default="", help="bucket lengths, e.g. 768,1024 (default: fitted to the "
                         "workloads' rows, as a suite fits them; the ladder caps their number)")
     parser.add_argument("--mc-questions", type=int, default=6)
@@ -169,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     from lm_eval import utils as lm_utils
 
-    from evald.pipeline.engine import ForkReads, GenerateRequest, ReadLogProbs, ScoreRequest, TokenScorer
+    from evald.pipeline.engine import ForkReads, GenerateRequest, ScoreRequest, TokenScorer
     from evald.pipeline.tasks.generation import ExtendStep
     from examples.llm_decoder.model import build_model
 
@@ -227,24 +254,30 @@ def main(argv: list[str] | None = None) -> dict:
     report["graphs_at_start"] = scorer.compiled_graphs
     print(json.dumps({"warm_up_s": report["warm_up_s"], "graphs": scorer.compiled_graphs}), flush=True)
 
-    reader = ReadLogProbs(net)
-    reader.set_train(False)
+    reader = floor_reads_cell(net)
     extend = ExtendStep(net, greedy=True)
     extend.set_train(False)
+
+    def floor_call(rows: list[list[int]], reads_per_row: list[list[tuple[int, int]]]) -> tuple:
+        """The floor's inputs for ``rows``: the tokens, the distinct (row, position) pairs read, and each read
+        as (index into those pairs, token)."""
+        positions: dict[tuple[int, int], int] = {}
+        reads = [(positions.setdefault((r, p), len(positions)), t) for r, rr in enumerate(reads_per_row)
+                 for p, t in rr]
+        return (ms.Tensor(np.asarray(rows, np.int32)), ms.Tensor(np.asarray(list(positions), np.int32)),
+                ms.Tensor(np.asarray(reads, np.int32)))
 
     def floor_score(rows: list[list[int]], reads_per_row: list[list[tuple[int, int]]],
                     per_forward: int | None = None) -> float:
         """The rows (equal lengths) at their exact shape: one forward, or forwards of at most ``per_forward`` rows;
         compiled first, then timed."""
         step = per_forward or len(rows)
-        calls = [(ms.Tensor(np.asarray(rows[i:i + step], np.int32)),
-                  ms.Tensor(np.asarray([(r, p, t) for r, rr in enumerate(reads_per_row[i:i + step]) for p, t in rr],
-                                       np.int32))) for i in range(0, len(rows), step)]
-        for tokens, reads in calls:
-            reader(tokens, reads)[0].asnumpy()
+        calls = [floor_call(rows[i:i + step], reads_per_row[i:i + step]) for i in range(0, len(rows), step)]
+        for call in calls:
+            reader(*call)[0].asnumpy()
         begin = time.perf_counter()
-        for tokens, reads in calls:
-            reader(tokens, reads)[0].asnumpy()
+        for call in calls:
+            reader(*call)[0].asnumpy()
         return time.perf_counter() - begin
 
     def in_budget(rows: list[list[int]], reads_per_row: list[list[tuple[int, int]]], run: Timed) -> dict:

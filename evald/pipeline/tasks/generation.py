@@ -68,6 +68,35 @@ class CachedScorer(CachedDecoder, Protocol):
     def cache_rows(self, cache: Any, rows: Any) -> Any: ...
 
 
+@runtime_checkable
+class HeadSplit(Protocol):
+    """The optional interface of a network whose forward is a trunk and a per-position head, so that evald runs
+    the head (the vocabulary projection, then log_softmax and argmax) only at the positions it reads: one
+    position of a 650-token row for a single-token choice, where the full forward runs it at all 650.
+
+    ``hidden_states(tokens)`` maps (B, T) int32 tokens to (B, T, d) hidden states, and ``apply_head(hidden)``
+    maps (..., d) hidden states to (..., vocab) logits position by position, so that the forward is
+    ``apply_head(hidden_states(tokens))`` (up to float rounding). A CachedScorer that has it may also have
+    ``extend_hidden(tokens, start, cache)``: ``extend_all`` before the head ((B, c, d) hidden states and the
+    updated cache), so that a fork reads its chunks the same way. Any other network runs its full forward.
+    Reference: examples/tiny_lm/model.py, examples/llm_decoder/model.py.
+    """
+
+    def hidden_states(self, tokens: Any) -> Any: ...
+
+    def apply_head(self, hidden: Any) -> Any: ...
+
+
+def splits_head(network: nn.Cell) -> bool:
+    """Whether the head can run at the read positions only (``HeadSplit``)."""
+    return isinstance(network, HeadSplit)
+
+
+def extends_hidden(network: nn.Cell) -> bool:
+    """Whether a fork can read its chunks before the head (a HeadSplit CachedScorer with ``extend_hidden``)."""
+    return splits_head(network) and scores_with_cache(network) and callable(getattr(network, "extend_hidden", None))
+
+
 def decodes_with_cache(network: nn.Cell) -> bool:
     return isinstance(network, CachedDecoder)
 
