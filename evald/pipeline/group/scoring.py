@@ -40,7 +40,10 @@ log = logging.getLogger("evald.group")
 def scorer_settings(scorer: TokenScorer) -> dict:
     return {"max_length": scorer.max_length, "batch_size": scorer.batch_size, "lengths": list(scorer.lengths),
             "top_k": int(getattr(scorer, "top_k", 0)), "fork_contexts": bool(getattr(scorer, "fork_contexts", True)),
-            "fork_piece": int(getattr(scorer, "fork_piece", 0))}
+            "fork_piece": int(getattr(scorer, "fork_piece", 0)),
+            "read_widths": [list(pair) for pair in getattr(scorer, "read_widths", ())],
+            "row_caps": [list(pair) for pair in getattr(scorer, "row_caps", ())],
+            "cache_caps": [list(pair) for pair in getattr(scorer, "cache_caps", ())]}
 
 
 def _ranks(group: Group, payload: Mapping[str, Any]) -> Sequence[int]:

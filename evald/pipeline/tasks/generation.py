@@ -123,7 +123,8 @@ class ExtendStep(nn.Cell):
 
 class NextTokenLogits(nn.Cell):
     """The logits (B, V) at each row's own position of a fixed (B, L) buffer, or with ``greedy`` their
-    argmax (B,), computed on the device; ``index`` is (B, 2) int32 rows of (row, position).
+    argmax (B,), computed on the device; ``index`` is (B, 2) int32 rows of (row, position). A network that
+    splits its head (HeadSplit) runs the head at those B positions only.
 
     Shared by the sample generator and the benchmarks' greedy ``generate_until``
     (evald.pipeline.engine.TokenScorer.generate), so there is one fixed-buffer generation.
@@ -133,10 +134,13 @@ class NextTokenLogits(nn.Cell):
         super().__init__()
         self.network = network
         self.greedy = greedy
+        self.split = splits_head(network)   # the head at each row's position only (HeadSplit)
 
     def construct(self, tokens, index):
-        logits = self.network(tokens)                       # (B, L, V), stays on the device
-        chosen = ops.gather_nd(logits, index)               # (B, V) at each row's position
+        if self.split:
+            chosen = self.network.apply_head(ops.gather_nd(self.network.hidden_states(tokens), index))   # (B, V)
+        else:
+            chosen = ops.gather_nd(self.network(tokens), index)     # (B, L, V) on the device, then (B, V)
         if self.greedy:
             return ops.argmax(chosen, -1)                   # (B,)
         return chosen
