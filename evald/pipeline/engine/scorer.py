@@ -38,6 +38,7 @@ class TokenScorer:
         self.split_head = splits_head(network)
         self._planned_reads: list[tuple[int, int]] = []
         self._planned_chunk = 0
+        self._planned_forks = 0
         self._planned_generate: list[int] = []
         self._piece_given = bool(fork_piece)
         self.cached = decodes_with_cache(network)
@@ -138,6 +139,7 @@ class TokenScorer:
         rows, _ = share_rows([ready[i] for i in plain])
         self._planned_reads += [(len(row.tokens), len(row.reads)) for row in rows]
         self._planned_chunk = max([self._planned_chunk] + [len(c.tokens) for fork in forks for c in fork.chunks])
+        self._planned_forks += len(forks)
         return [len(row.tokens) for row in rows] + [fork.positions() for fork in forks]
 
     def plan_generate(self, requests: Sequence[GenerateRequest]) -> list[int]:
@@ -153,6 +155,11 @@ class TokenScorer:
         and, unless given, the fork piece, fitted to what ``plan_rows`` saw (a suite's dry run)."""
         may_fit = self._buckets.may_fit
         lengths = self._buckets.fit(row_lengths, self.compiled_graphs)
+        if may_fit and not self._buckets.may_fit and self.forks and not self._planned_forks:
+            # score forks what plan_rows forks: none, so no fork graph compiles (single-token choices, rolling
+            # windows); off as if asked, so that an eval group's other ranks (scorer_settings) agree
+            self.forks = self.fork_contexts = False
+            log.info("token scorer: no context fork planned: no fork graph compiled")
         if may_fit and not self._buckets.may_fit and self.cached and self._planned_generate:
             log.info("token scorer: generation decodes into caches of %s positions",
                      self._buckets.fit_cache_caps(self._planned_generate) or "the buckets'")

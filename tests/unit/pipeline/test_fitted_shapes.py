@@ -97,3 +97,22 @@ def test_the_cached_paths_check_runs_in_the_fitted_shapes(network, monkeypatch, 
     assert after == before, f"the check compiled {after - before}"
     assert any("checked against its full forward" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_suite_that_plans_no_fork_compiles_no_fork_graph(network):
+    """Single-token choices never fork (score forks what plan_rows forks): no fork graph, nor its prefill, is
+    compiled, the same numbers; diverging choices keep their forks."""
+    single = [ScoreRequest(_tokens(q, 40), [c]) for q in range(3) for c in _tokens(20 + q, 4)]
+    fitted = TokenScorer(network, batch_size=8)
+    fitted.fit_lengths(fitted.plan_rows(single))
+    fitted.warm_up(generate=False, forks=True)
+    assert not fitted.forks and not fitted.fork_contexts
+    assert {shape[0] for shape in fitted._shapes} == {"score"}
+    unfitted = TokenScorer(network, batch_size=8, lengths=fitted.lengths)
+    for a, b in zip(fitted.score(single), unfitted.score(single)):
+        np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-6, atol=0)
+    diverging = [ScoreRequest(_tokens(q, 40), _tokens(30 + 4 * q + c, 6)) for q in range(3) for c in range(4)]
+    forking = TokenScorer(network, batch_size=8)
+    forking.fit_lengths(forking.plan_rows(diverging))
+    forking.warm_up(generate=False, forks=True)
+    assert forking.forks and any(shape[0] == "fork" for shape in forking._shapes)
