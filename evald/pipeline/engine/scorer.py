@@ -39,6 +39,9 @@ class TokenScorer:
         self._planned_reads: list[tuple[int, int]] = []
         self._planned_chunk = 0
         self._planned_forks = 0
+        # False once fit_lengths saw a plan with no fork: score forks what plan_rows forks, so none would run and no
+        # fork graph compiles (single-token choices); an eval group's WARM carries it to the other ranks
+        self.plans_forks = True
         self._planned_generate: list[int] = []
         self._piece_given = bool(fork_piece)
         self.cached = decodes_with_cache(network)
@@ -156,9 +159,7 @@ class TokenScorer:
         may_fit = self._buckets.may_fit
         lengths = self._buckets.fit(row_lengths, self.compiled_graphs)
         if may_fit and not self._buckets.may_fit and self.forks and not self._planned_forks:
-            # score forks what plan_rows forks: none, so no fork graph compiles (single-token choices, rolling
-            # windows); off as if asked, so that an eval group's other ranks (scorer_settings) agree
-            self.forks = self.fork_contexts = False
+            self.plans_forks = False
             log.info("token scorer: no context fork planned: no fork graph compiled")
         if may_fit and not self._buckets.may_fit and self.cached and self._planned_generate:
             log.info("token scorer: generation decodes into caches of %s positions",
@@ -199,7 +200,7 @@ class TokenScorer:
         checked against the full forward on ``check_rows`` (a suite's own rows; cache_check): a mismatch turns it
         off, and the other buckets compile the full forward's graphs instead."""
         graphs = self._graphs
-        forks = forks and self.forks
+        forks = forks and self.forks and self.plans_forks
         unchecked = (self.cached and (generate or top_decoding)) or forks
         for n in self.lengths:
             if self._buckets.idle(n):

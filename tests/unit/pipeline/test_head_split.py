@@ -13,33 +13,9 @@ ms = pytest.importorskip("mindspore")
 
 from evald.pipeline.engine import ScoreRequest, TokenScorer  # noqa: E402
 from evald.pipeline.tasks.generation import scores_with_cache, splits_head  # noqa: E402
-from tests.networks import without_cached_decoding  # noqa: E402
+from tests.networks import without_cached_decoding, without_head_split  # noqa: E402
 
 NETWORK_SEED = 11   # the network fixture's (tests/unit/conftest.py)
-
-
-class _WholeHead(ms.nn.Cell):
-    """The same network, cached decoding and forks included, without the head split: the full head everywhere."""
-
-    def __init__(self, inner: ms.nn.Cell) -> None:
-        super().__init__()
-        self.inner = inner
-        self.max_length = inner.max_length
-
-    def construct(self, tokens):
-        return self.inner(tokens)
-
-    def init_cache(self, batch, capacity):
-        return self.inner.init_cache(batch, capacity)
-
-    def extend(self, tokens, start, read, cache):
-        return self.inner.extend(tokens, start, read, cache)
-
-    def extend_all(self, tokens, start, cache):
-        return self.inner.extend_all(tokens, start, cache)
-
-    def cache_rows(self, cache, rows):
-        return self.inner.cache_rows(cache, rows)
 
 
 def _tokens(seed: int, n: int) -> list[int]:
@@ -77,7 +53,7 @@ def _assert_same(got, want) -> None:
 def test_the_head_at_the_reads_gives_the_full_heads_numbers(network, top_k):
     requests = _requests()
     split = _fitted(network, requests, top_k)
-    whole = _fitted(_WholeHead(network), requests, top_k)
+    whole = _fitted(without_head_split(network), requests, top_k)
     assert splits_head(network) and split.split_head and split._graphs.fork_cell.split
     assert scores_with_cache(whole.network) and not whole.split_head and not whole._graphs.fork_cell.split
     # fitted to the planned rows: the single-token rows' bucket gathers their 4 reads a row, not every position;
@@ -93,7 +69,7 @@ def test_the_head_at_the_reads_gives_the_full_heads_numbers(network, top_k):
 def test_a_row_with_more_reads_than_a_forward_gathers_runs_again_for_the_rest(network):
     planned = [ScoreRequest(_tokens(q, 30), [c]) for q in range(2) for c in _tokens(60 + q, 2)]
     split = _fitted(network, planned)
-    whole = _fitted(_WholeHead(network), planned)
+    whole = _fitted(without_head_split(network), planned)
     bucket = split.bucket_for(30)
     assert split.read_width(bucket) == 2 * split.rows_for(bucket)
     unplanned = [ScoreRequest([0], _tokens(9, bucket - 2)),    # a rolling window: every position read
@@ -111,4 +87,4 @@ def test_a_network_without_the_split_runs_its_full_forward(network):
     requests = _requests()
     got = _fitted(plain, requests)
     assert not got.split_head and got.read_widths == ()
-    _assert_same(got.score(requests), _fitted(_WholeHead(network), requests).score(requests))
+    _assert_same(got.score(requests), _fitted(without_head_split(network), requests).score(requests))
