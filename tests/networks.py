@@ -33,6 +33,28 @@ class _ForwardOnly(ms.nn.Cell):
         return self.inner(tokens)
 
 
+class _WholeHead(_ForwardOnly):
+    """The same network, cached decoding and forks included, without the head split: the full head everywhere."""
+
+    def init_cache(self, batch, capacity):
+        return self.inner.init_cache(batch, capacity)
+
+    def extend(self, tokens, start, read, cache):
+        return self.inner.extend(tokens, start, read, cache)
+
+    def extend_all(self, tokens, start, cache):
+        return self.inner.extend_all(tokens, start, cache)
+
+    def cache_rows(self, cache, rows):
+        return self.inner.cache_rows(cache, rows)
+
+
+def without_head_split(network: ms.nn.Cell) -> ms.nn.Cell:
+    """The same network without ``hidden_states``/``apply_head``/``extend_hidden`` (HeadSplit): what a network
+    that does not split its head looks like to evald, which then runs the head at every position."""
+    return _WholeHead(network)
+
+
 def without_cached_decoding(network: ms.nn.Cell) -> ms.nn.Cell:
     """The same network without its cached-decoding methods (init_cache, extend): what a network without
     the interface looks like to evald, which then generates with the full forward."""

@@ -14,7 +14,10 @@ implementing
   head runs at chunk index ``read[b]`` only. Returns ((B, vocab) logits, new cache);
 * ``extend_all(tokens, start, cache)``: the same with the head at every position ((B, c, vocab) logits),
   and ``cache_rows(cache, rows)``: the cache's rows ``rows`` (evald's context forks,
-  evald.pipeline.tasks.generation.CachedScorer).
+  evald.pipeline.tasks.generation.CachedScorer);
+* ``hidden_states(tokens)`` / ``extend_hidden(tokens, start, cache)`` and ``apply_head(hidden)``: the trunk
+  and the head apart (evald.pipeline.tasks.generation.HeadSplit), so that evald runs the 32,000-wide head
+  only at the positions it reads (``forward = apply_head(hidden_states(tokens))``).
 
 The decode step's cost on MindSpore's CPU is moving the cache, not arithmetic (a step is ~10 MFLOP):
 the cache is read by one unstack (a strided slice ``cache[i, 0]`` per layer copied it several times
@@ -137,14 +140,23 @@ class LlamaDecoder(nn.Cell):
         return ops.gather(self.cos_table, positions, 0).expand_dims(1), ops.gather(self.sin_table, positions, 0).expand_dims(1)
 
     def construct(self, tokens):
-        b, t = tokens.shape
+        return self.apply_head(self.hidden_states(tokens))
+
+    # -- evald's head split (evald.pipeline.tasks.generation.HeadSplit): the head only where it is read ------
+    def hidden_states(self, tokens):
+        """The final hidden states (B, T, d) of the full forward, before the final norm and the head."""
+        _, t = tokens.shape
         positions = ops.arange(t).reshape(1, t).astype(ms.int32)
         cos, sin = self.rotary(positions)
         masked = (ops.arange(t).reshape(1, t) > ops.arange(t).reshape(t, 1)).astype(ms.float32)
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, cos, sin, masked)
-        return self.head(self.norm(x))
+        return x
+
+    def apply_head(self, hidden):
+        """The logits (..., vocab) of hidden states (..., d): the final norm and the head, position by position."""
+        return self.head(self.norm(hidden))
 
     # -- evald's cached decoding (evald.pipeline.tasks.generation.CachedDecoder) ----------------------
     def init_cache(self, batch: int, capacity: int):
@@ -152,11 +164,11 @@ class LlamaDecoder(nn.Cell):
 
     def extend(self, tokens, start, read, cache):
         b = tokens.shape[0]
-        x, cache = self._extend_hidden(tokens, start, cache)
+        x, cache = self.extend_hidden(tokens, start, cache)
         last = ops.gather_elements(x, 1, read.reshape(b, 1, 1).broadcast_to((b, 1, x.shape[2])))
-        return self.head(self.norm(last)).squeeze(1), cache
+        return self.apply_head(last).squeeze(1), cache
 
-    def _extend_hidden(self, tokens, start, cache):
+    def extend_hidden(self, tokens, start, cache):
         """The chunk's final hidden states (B, c, d), before the final norm, and the cache with its keys and
         values written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
         c, capacity = tokens.shape[1], cache.shape[4]
@@ -173,8 +185,8 @@ class LlamaDecoder(nn.Cell):
 
     # -- evald's context forks (evald.pipeline.tasks.generation.CachedScorer) -------------------------
     def extend_all(self, tokens, start, cache):
-        x, cache = self._extend_hidden(tokens, start, cache)
-        return self.head(self.norm(x)), cache
+        x, cache = self.extend_hidden(tokens, start, cache)
+        return self.apply_head(x), cache
 
     def cache_rows(self, cache, rows):
         return kv_cache.cache_rows(cache, rows)

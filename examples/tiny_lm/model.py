@@ -12,7 +12,8 @@ each one; every layer's keys and values are scattered into the cache once, at th
 step's cost on MindSpore's CPU is moving the cache: examples/kv_cache.py, shared with
 examples/llm_decoder, holds that arithmetic). It also
 implements evald's context forks (``extend_all`` / ``cache_rows``, CachedScorer), so that diverging
-multi-token choices share their context's forward.
+multi-token choices share their context's forward, and the head split (``hidden_states`` / ``extend_hidden``
+and ``apply_head``, HeadSplit), so that evald runs the head only at the positions it reads.
 """
 
 from __future__ import annotations
@@ -91,11 +92,20 @@ class TinyGPT(nn.Cell):
         self.n_layers, self.n_heads, self.d_head = n_layers, n_heads, d_model // n_heads
 
     def construct(self, tokens):
+        return self.apply_head(self.hidden_states(tokens))
+
+    # -- evald's head split (evald.pipeline.tasks.generation.HeadSplit): the head only where it is read ------
+    def hidden_states(self, tokens):
+        """The final hidden states (B, T, d) of the full forward, before ``ln_f`` and the head."""
         t = tokens.shape[1]
         x = self.tok(tokens) + self.pos(self.positions[:t])
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        return x
+
+    def apply_head(self, hidden):
+        """The logits (..., vocab) of hidden states (..., d): ``ln_f`` and the head, position by position."""
+        return self.head(self.ln_f(hidden))
 
     # -- evald's cached decoding (evald.pipeline.tasks.generation.CachedDecoder) ----------------------
     def init_cache(self, batch: int, capacity: int):
@@ -103,12 +113,12 @@ class TinyGPT(nn.Cell):
 
     def extend(self, tokens, start, read, cache):
         b = tokens.shape[0]
-        x, cache = self._extend_hidden(tokens, start, cache)
+        x, cache = self.extend_hidden(tokens, start, cache)
         where = read.reshape(b, 1, 1).broadcast_to((b, 1, x.shape[2]))
         last = ops.gather_elements(x, 1, where)                                # (B, 1, d): the head runs here only
-        return self.head(self.ln_f(last)).squeeze(1), cache
+        return self.apply_head(last).squeeze(1), cache
 
-    def _extend_hidden(self, tokens, start, cache):
+    def extend_hidden(self, tokens, start, cache):
         """The chunk's final hidden states (B, c, d), before ``ln_f``, and the cache with its keys and values
         written in (shared by ``extend`` and whatever else reads a chunk's hidden states)."""
         c, capacity = tokens.shape[1], cache.shape[4]
@@ -124,8 +134,8 @@ class TinyGPT(nn.Cell):
 
     # -- evald's context forks (evald.pipeline.tasks.generation.CachedScorer) -------------------------
     def extend_all(self, tokens, start, cache):
-        x, cache = self._extend_hidden(tokens, start, cache)
-        return self.head(self.ln_f(x)), cache
+        x, cache = self.extend_hidden(tokens, start, cache)
+        return self.apply_head(x), cache
 
     def cache_rows(self, cache, rows):
         return kv_cache.cache_rows(cache, rows)

@@ -17,7 +17,7 @@ compiles anything. A module per job:
 API
 ---
 ``scorer = TokenScorer(network, max_length=None, batch_size=8, lengths=None, top_k=0, fork_contexts=True,
-fork_piece=None)``
+fork_piece=None, read_widths=None, row_caps=None, cache_caps=None)``
     ``network`` maps int32 tokens (B, T) to logits (B, T, vocab) for any T <= max_length.
     ``max_length`` defaults to the network's ``max_length`` / ``seq_length`` / ``seq_len`` /
     ``max_position_embeddings`` attribute (or its ``config``'s). ``lengths`` are the bucket lengths
@@ -35,7 +35,8 @@ fork_piece=None)``
     A continuation longer than ``max_length`` is a ValueError.
     Shared contexts: requests whose rows are equal, or one a prefix of the other, run as ONE row (rows.py).
     The graph reads the requested (row, position, token) log-probabilities on the device (``ReadLogProbs``);
-    rows are sorted by length and packed into the shortest bucket that holds them.
+    rows are sorted by length and packed into the shortest bucket that holds them. A network that splits its
+    head (``HeadSplit``: ``hidden_states``, ``apply_head``) runs the head only at the positions read.
     Diverging continuations (multi-token choices, none a prefix of another) after the same context fork one
     prefilled cache for a network that implements ``CachedScorer`` (forks.py), when that runs fewer tokens
     than a row per choice. ``fork_contexts=False`` turns this off (evald.serve, where a completion is one
@@ -53,7 +54,11 @@ fork_piece=None)``
 ``scorer.plan_rows(requests)`` / ``scorer.plan_generate(requests)`` / ``scorer.fit_lengths(row_lengths)``
     The rows a call would run (no forward), and bucket lengths fitted to a suite's rows in place of the ladder
     (``fitted_lengths``: no more buckets, the fewest padded tokens; before any graph compiles). A suite runs
-    lm-eval once at build time with ``bucket_plan.PlanningScorer`` to learn its rows.
+    lm-eval once at build time with ``bucket_plan.PlanningScorer`` to learn its rows. The fit also caps a
+    bucket's rows at the suite's rows for it (``row_caps``) and generation's cache at the positions its
+    requests need (``cache_caps``); with the head split, the reads a forward gathers (``read_widths``) and the
+    fork piece follow the planned rows (what the plan calls saw: ``plan_rows`` records them). An eval group's
+    other ranks are given these with the lengths.
 ``scorer.warm_up()`` compiles every bucket now (at start-up, not at the first checkpoint: per bucket the
 scoring graph, for a CachedDecoder a prefill chunk and a decode step, for forks a prefill chunk and a fork; with
 ``top_decoding=True`` also prefill_top's and decode_top's graphs); ``scorer.warming()`` does it one graph a

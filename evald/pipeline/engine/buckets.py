@@ -149,9 +149,65 @@ class Buckets:
         if not chosen or chosen[0] < 1 or chosen[-1] != max_length:
             raise ValueError(f"bucket lengths {chosen} must be positive and end at max_length {max_length}")
         self.max_length, self.batch_size, self.token_budget, self.lengths = max_length, batch_size, budget, chosen
+        self.read_widths: dict[int, int] = {}   # reads a forward of bucket n gathers; default: all its positions
+        self.row_caps: dict[int, int] = {}      # rows of bucket n fitted to a suite's rows; default: the budget's
+        self.cache_caps: dict[int, int] = {}    # generation's cache in bucket n fitted to a suite's; default: n
 
     def rows_for(self, length: int) -> int:
-        return max(1, self.token_budget // length)
+        return max(1, min(self.token_budget // length, self.row_caps.get(length) or self.token_budget))
+
+    def idle(self, length: int) -> bool:
+        """Whether the bucket of ``length`` holds none of a suite's planned rows (a row cap of 0): kept as an
+        unplanned row's home, not compiled at start."""
+        return self.row_caps.get(length) == 0
+
+    def read_width(self, length: int) -> int:
+        """The reads one forward of the bucket of ``length`` gathers (the rows of its (R, 3) reads): fitted to a
+        suite's rows (``fit_read_widths``), else every position of the bucket."""
+        return self.read_widths.get(length, self.rows_for(length) * length)
+
+    def _planned_rows(self, lengths: Sequence[int], row_lengths: Sequence[int]) -> dict[int, int]:
+        """The planned rows in each of ``lengths`` (the shortest that holds each)."""
+        planned = {n: 0 for n in lengths}
+        for length in row_lengths:
+            planned[next(n for n in lengths if min(max(1, int(length)), self.max_length) <= n)] += 1
+        return planned
+
+    def _fit_cost(self, lengths: Sequence[int], row_lengths: Sequence[int]) -> int:
+        """Tokens the planned rows run in ``lengths`` (a bucket with fewer rows than a forward runs just them), and
+        one forward of the window for every bucket compiled beyond the first (``fitted_lengths``' trade)."""
+        planned = {n: rows for n, rows in self._planned_rows(lengths, row_lengths).items() if rows}
+        tokens = sum(-(-rows // self.rows_for(n)) * min(rows, self.rows_for(n)) * n for n, rows in planned.items())
+        return tokens + (len(planned) - 1) * self.rows_for(self.max_length) * self.max_length
+
+    def generation_capacity(self, length: int) -> int:
+        """The cache positions generation in the bucket of ``length`` decodes into: fitted to a suite's generation
+        requests (``fit_cache_caps``), else the bucket's length. A decode step moves the whole cache, so 4 prompts
+        that need 567 positions decode into 576, not 1,024."""
+        return self.cache_caps.get(length, length)
+
+    def fit_cache_caps(self, planned: Sequence[int]) -> dict[int, int]:
+        """Generation's cache capacities fitted to ``planned`` generation rows (context and new tokens, from
+        ``plan_generate``): per bucket, its longest, rounded up to FIT_STEP (a request longer than that, which the
+        dry run did not plan, decodes at the bucket's length)."""
+        caps: dict[int, int] = {}
+        for length in planned:
+            n = self.bucket_for(min(max(1, int(length)), self.max_length))
+            caps[n] = max(caps.get(n, 0), min(n, -(-max(1, int(length)) // FIT_STEP) * FIT_STEP))
+        self.cache_caps = {n: c for n, c in caps.items() if c < n}
+        return self.cache_caps
+
+    def fit_read_widths(self, planned: Sequence[tuple[int, int]]) -> dict[int, int]:
+        """Read widths fitted to ``planned`` rows of (length, reads): for each bucket, the reads of its
+        ``rows_for`` rows with the most reads (no planned forward has more; a forward packs rows up to it, and a
+        row with more reads runs again for the rest). A network that splits its head runs the head at that many
+        positions a forward, not at all of them: a multiple-choice row of 650 tokens is read at one."""
+        by_bucket: dict[int, list[int]] = {}
+        for length, reads in planned:
+            by_bucket.setdefault(self.bucket_for(min(length, self.max_length)), []).append(int(reads))
+        self.read_widths = {n: max(1, min(self.rows_for(n) * n, sum(sorted(counts)[-self.rows_for(n):])))
+                            for n, counts in sorted(by_bucket.items())}
+        return self.read_widths
 
     @property
     def pairs(self) -> tuple[tuple[int, int], ...]:
@@ -174,8 +230,19 @@ class Buckets:
         if compiled:
             log.info("token scorer: keeps its buckets %s (%d graphs compiled already)", list(self.lengths), compiled)
             return self.lengths
-        ladder, self.may_fit = self.lengths, False
+        ladder, self.may_fit, self.row_caps = self.lengths, False, {}
         self.lengths = fitted_lengths(row_lengths, self.max_length, self.rows_for, most=len(ladder))
+        # The window's bucket is always kept (an unplanned row's home), but when no planned row needs it, it is not
+        # compiled at start: then the buckets under the suite's longest row need not save a forward to pay for it.
+        top = min(self.max_length, max(-(-max(1, int(n)) // FIT_STEP) * FIT_STEP for n in row_lengths))
+        if top < self.max_length and len(ladder) > 1:
+            under = fitted_lengths(row_lengths, top, self.rows_for, most=len(ladder) - 1) + (self.max_length,)
+            if self._fit_cost(under, row_lengths) < self._fit_cost(self.lengths, row_lengths):
+                self.lengths = under
+        # a bucket runs no more rows than the suite has for it: 6 questions' rows run 6 rows, not the budget's 12
+        # (rows do not change a row's numbers); a bucket no planned row needs keeps the budget's rows, idle
+        planned = self._planned_rows(self.lengths, row_lengths)
+        self.row_caps = {n: count for n, count in planned.items() if count < self.token_budget // n}
         log.info("token scorer: buckets %s fitted to %d rows (the ladder was %s)", list(self.pairs),
                  len(row_lengths), list(ladder))
         return self.lengths

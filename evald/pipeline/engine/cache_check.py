@@ -62,43 +62,64 @@ class CheckResult:
     full_forward_s: float              # one full forward of the bucket
 
 
-def check_rows(given: Sequence[Sequence[int]] | None, n: int, graphs: Graphs, batch: int,
+def check_rows(given: Sequence[Sequence[int]] | None, n: int, buckets: Buckets, graphs: Graphs,
                most: int) -> tuple[list[list[int]], bool]:
     """Up to ``most`` rows of 3 to ``n - 1`` tokens (a fork needs one position past its row), and whether they
     are ``given``'s (a prefix of each, when longer); else rows of the model's greedy tokens after zeros (token
-    ids it has; one forward of the scoring graph, ``batch`` rows of ``n``)."""
+    ids it has; forwards of the scoring graph of bucket ``n`` as compiled)."""
     rows = [[int(t) for t in row][:n - 1] for row in (given or ())]
     rows = [row for row in rows if len(row) >= 3][:most]
     if rows:
         return rows, True
-    reads = np.zeros((batch * n, 3), np.int32)
-    reads[:n, 1] = np.arange(n)
-    ids = graphs.score(np.zeros((batch, n), np.int32), reads)[1][:n]
+    reads = np.zeros((n, 3), np.int32)
+    reads[:, 1] = np.arange(n)
+    ids = _full_forward(np.zeros((buckets.rows_for(n), n), np.int32), reads, n, buckets, graphs)[1]
     return [[int(ids[(p * (r + 2) + r) % n]) if (p + r) % 3 else 0 for p in range(n - 1)] for r in range(most)], False
 
 
+def _full_forward(inputs: np.ndarray, reads: np.ndarray, n: int, buckets: Buckets,
+                  graphs: Graphs) -> tuple[np.ndarray, np.ndarray]:
+    """(log-probability, argmax) of each of ``reads`` in ``inputs`` through bucket ``n``'s scoring graph as
+    warm-up compiled it: ``read_width(n)`` reads a forward (fitted to a suite's rows), so as many forwards as
+    that takes."""
+    width = buckets.read_width(n)
+    values, best = [], []
+    for k in range(0, len(reads), width):
+        chunk = np.zeros((width, 3), np.int32)
+        chunk[:len(reads[k:k + width])] = reads[k:k + width]
+        out = graphs.score(inputs, chunk)
+        values.append(out[0][:len(reads[k:k + width])])
+        best.append(out[1][:len(reads[k:k + width])])
+    return np.concatenate(values), np.concatenate(best)
+
+
 def run_check(given: Sequence[Sequence[int]] | None, n: int, buckets: Buckets, graphs: Graphs, *,
-              decode: Decode | None, decode_batch: int, fork_piece: int | None) -> CheckResult:
+              decode: Decode | None, decode_batch: int, decode_capacity: int | None = None,
+              fork_piece: int | None) -> CheckResult:
     """The check of the module's docstring in the bucket of length ``n`` (its graphs compiled; at least
-    SHORTEST_BUCKET) on rows of ``given`` (``check_rows``): ``decode`` (a batch of ``decode_batch`` rows) when
-    generation is cached, forks of ``fork_piece`` tokens when they run."""
+    SHORTEST_BUCKET) on rows of ``given`` (``check_rows``): ``decode`` (a batch of ``decode_batch`` rows, into
+    a cache of ``decode_capacity`` positions, ``n`` unless fitted smaller) when generation is cached, forks of
+    ``fork_piece`` tokens when they run."""
     if n < SHORTEST_BUCKET:
         raise ValueError(f"the cached path's check needs a bucket of at least {SHORTEST_BUCKET} tokens, not {n}")
     batch = buckets.rows_for(n)
-    rows, own = check_rows(given, n, graphs, batch, min(CHECK_ROWS, decode_batch, batch))
-    decoded, step_s = _decode(rows, n, decode, decode_batch, graphs) if decode is not None else ([], [])
+    rows, own = check_rows(given, n, buckets, graphs, min(CHECK_ROWS, decode_batch, batch))
+    decoded: list[tuple[int, int, int, float]] = []
+    step_s: list[float] = []
+    if decode is not None:   # a row's prefix that fits the cache: the full forward at a position sees only its past
+        capacity = min(n, decode_capacity or n)
+        decoded, step_s = _decode([row[:capacity - 1] for row in rows], capacity, decode, decode_batch, graphs)
     forked: list[tuple[int, int, int, float]] = []
     if fork_piece is not None:   # its prefill is extend's: checked as decoding is
         prefilled, forked = _fork(rows, n, batch, fork_piece, buckets, graphs)
         decoded += prefilled
-    reads = np.zeros((batch * n, 3), np.int32)
-    reads[:len(decoded) + len(forked)] = [(r, p, t) for r, p, t, _ in decoded + forked]
     inputs = np.zeros((batch, n), np.int32)
     for r, row in enumerate(rows):
         inputs[r, :len(row)] = row
+    reads = np.asarray([(r, p, t) for r, p, t, _ in decoded + forked], np.int32).reshape(-1, 3)
     started = time.perf_counter()
-    full = graphs.score(inputs, reads)[0]
-    full_s = time.perf_counter() - started
+    full = _full_forward(inputs, reads, n, buckets, graphs)[0]
+    full_s = (time.perf_counter() - started) / max(1, -(-len(reads) // buckets.read_width(n)))
     return CheckResult(len(rows), own, _worst(decoded, full[:len(decoded)]) if decoded else None,
                        _worst(forked, full[len(decoded):len(decoded) + len(forked)]) if forked else None,
                        min(step_s, default=None), full_s)
@@ -106,8 +127,9 @@ def run_check(given: Sequence[Sequence[int]] | None, n: int, buckets: Buckets, g
 
 def _decode(rows: list[list[int]], n: int, decode: Decode, batch: int,
             graphs: Graphs) -> tuple[list[tuple[int, int, int, float]], list[float]]:
-    """Each row but its last CHECK_TOKENS - 1 tokens prefilled, then those one decode step each: per position
-    run, (row, position, chosen token, its log-probability); and each decode step's seconds."""
+    """Each row but its last CHECK_TOKENS - 1 tokens prefilled into a cache of ``n`` positions, then those one
+    decode step each: per position run, (row, position, chosen token, its log-probability); and each decode
+    step's seconds."""
     steps = [min(CHECK_TOKENS, len(row) - 1) for row in rows]
     prefilled = [len(row) - d for row, d in zip(rows, steps)]
     (ids, values), cache = graphs.prefill([row[:m] for row, m in zip(rows, prefilled)], batch, n, decode)

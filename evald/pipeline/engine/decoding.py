@@ -49,7 +49,13 @@ def generate(requests: Sequence[GenerateRequest], eos_id: int | None, buckets: B
         members = sorted(members, key=lambda i: len(prepared[i][0]))   # similar contexts share a prefill
         for start in range(0, len(members), buckets.rows_for(n)):
             chunk = members[start:start + buckets.rows_for(n)]
-            run(n, buckets.rows_for(n), [prepared[i] for i in chunk], [results[i] for i in chunk], eos_id, graphs)
+            # the cache fitted to the suite's generation requests, unless one here needs more (the dry run did not
+            # plan it): then the bucket's length, so that a row stops where it would in the bucket
+            capacity = buckets.generation_capacity(n) if cached else n
+            if any(len(prepared[i][0]) + prepared[i][1] > capacity for i in chunk):
+                capacity = n
+            run(capacity, buckets.rows_for(n), [prepared[i] for i in chunk], [results[i] for i in chunk], eos_id,
+                graphs)
     return results
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from mindspore import nn, ops
 
 from evald.pipeline.engine.requests import ScorerStats
-from evald.pipeline.tasks.generation import NextTokenLogits, position_index
+from evald.pipeline.tasks.generation import NextTokenLogits, extends_hidden, position_index, splits_head
 
 PREFILL_CHUNK = 256   # tokens per prefill chunk of cached generation (at most the bucket's length)
 
@@ -33,25 +33,49 @@ PREFILL_CHUNK = 256   # tokens per prefill chunk of cached generation (at most t
 Step = Callable[[np.ndarray, np.ndarray, np.ndarray, Any], tuple[tuple[np.ndarray, ...], Any]]
 
 
+def _read(logits, reads, top_k: int):
+    """Per-read results of (R, V) logits, one row per read: the log-probability of the read's token, the argmax,
+    and the top k of the log-probabilities."""
+    logits = logits.astype(np.float32)
+    logp = ops.log_softmax(logits, -1)
+    chosen = ops.gather_elements(logp, 1, reads[:, 2:3]).squeeze(1)     # (R,)
+    greedy = ops.argmax(logits, -1)                                      # (R,)
+    if top_k > 0:
+        values, ids = ops.topk(logp, top_k)                              # (R, k)
+        return chosen, greedy, values, ids
+    return chosen, greedy
+
+
+def _read_all(logits, reads, top_k: int):
+    """Per-read results of (B, T, V) logits (the head at every position): gathered after the head."""
+    logits = logits.astype(np.float32)
+    logp = ops.log_softmax(logits, -1)
+    where = reads[:, :2]
+    chosen = ops.gather_nd(logp, reads)                          # (R,)
+    greedy = ops.gather_nd(ops.argmax(logits, -1), where)        # (R,)
+    if top_k > 0:
+        values, ids = ops.topk(logp, top_k)                      # (B, T, k)
+        return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where)
+    return chosen, greedy
+
+
 class ReadLogProbs(nn.Cell):
     """(B, T) tokens and (R, 3) reads of (row, position, token) -> each read's log-probability, the
-    argmax at its (row, position), and the top k there; all on the device, only (R,)/(R, k) come back."""
+    argmax at its (row, position), and the top k there; all on the device, only (R,)/(R, k) come back.
+    For a network that splits its head (``HeadSplit``) the head, log_softmax and argmax run at the R read
+    positions only (the hidden states gathered first); any other network runs its full forward."""
 
     def __init__(self, network: nn.Cell, top_k: int = 0) -> None:
         super().__init__()
         self.network = network
         self.top_k = top_k
+        self.split = splits_head(network)
 
     def construct(self, tokens, reads):
-        logits = self.network(tokens).astype(np.float32)            # (B, T, V)
-        logp = ops.log_softmax(logits, -1)
-        where = reads[:, :2]
-        chosen = ops.gather_nd(logp, reads)                          # (R,)
-        greedy = ops.gather_nd(ops.argmax(logits, -1), where)        # (R,)
-        if self.top_k > 0:
-            values, ids = ops.topk(logp, self.top_k)                 # (B, T, k)
-            return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where)
-        return chosen, greedy
+        if self.split:
+            hidden = ops.gather_nd(self.network.hidden_states(tokens), reads[:, :2])   # (R, d)
+            return _read(self.network.apply_head(hidden), reads, self.top_k)
+        return _read_all(self.network(tokens), reads, self.top_k)
 
 
 class ExtendGreedy(nn.Cell):
@@ -88,24 +112,21 @@ class ForkReads(nn.Cell):
     """A CachedScorer's prefilled cache forked into rows (``cache_rows``), one chunk of continuation tokens run on
     each (``extend_all``), and the (R, 3) reads of (row, chunk index, token) gathered on the device as
     ReadLogProbs gathers them: each read's log-probability, the argmax there and the top k. The forked cache
-    stays on the device and is dropped."""
+    stays on the device and is dropped. With ``extend_hidden`` (HeadSplit) the head runs at the reads only."""
 
     def __init__(self, network: nn.Cell, top_k: int = 0) -> None:
         super().__init__()
         self.network = network
         self.top_k = top_k
+        self.split = extends_hidden(network)
 
     def construct(self, cache, rows, tokens, start, reads):
-        logits, _ = self.network.extend_all(tokens, start, self.network.cache_rows(cache, rows))
-        logits = logits.astype(np.float32)                            # (B, c, V)
-        logp = ops.log_softmax(logits, -1)
-        where = reads[:, :2]
-        chosen = ops.gather_nd(logp, reads)
-        greedy = ops.gather_nd(ops.argmax(logits, -1), where)
-        if self.top_k > 0:
-            values, ids = ops.topk(logp, self.top_k)
-            return chosen, greedy, ops.gather_nd(values, where), ops.gather_nd(ids, where)
-        return chosen, greedy
+        forked = self.network.cache_rows(cache, rows)
+        if self.split:
+            hidden, _ = self.network.extend_hidden(tokens, start, forked)
+            return _read(self.network.apply_head(ops.gather_nd(hidden, reads[:, :2])), reads, self.top_k)
+        logits, _ = self.network.extend_all(tokens, start, forked)
+        return _read_all(logits, reads, self.top_k)
 
 
 class Graphs:
@@ -134,7 +155,7 @@ class Graphs:
     def score(self, inputs: np.ndarray, reads: np.ndarray) -> list[np.ndarray]:
         import mindspore as ms
 
-        self._ran(("score",) + inputs.shape, inputs)
+        self._ran(("score",) + inputs.shape + reads.shape[:1], inputs)   # (rows, length, reads): a graph each
         return [t.asnumpy() for t in self.score_cell(ms.Tensor(inputs), ms.Tensor(reads))]
 
     def fork(self, cache: Any, rows: np.ndarray, tokens: np.ndarray, start: np.ndarray,

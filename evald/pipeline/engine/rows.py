@@ -103,36 +103,40 @@ def shared_rows(requests: Sequence[ScoreRequest], max_length: int) -> list[int]:
 def score_rows(requests: list[Prepared], buckets: Buckets, run: RunBatch, stats: ScorerStats,
                top_k: int) -> list[list[tuple]]:
     """Each request's reads from full-forward rows (equal and prefix rows shared), longest rows first, a
-    bucket's rows at a time (``run``: one forward); per request, per continuation token: (log-probability,
-    is greedy[, top values, top ids])."""
+    bucket's rows at a time (``run``: one forward) and at most its ``read_width`` reads a forward (a row with
+    more runs again for the rest); per request, per continuation token: (log-probability, is greedy[, top
+    values, top ids])."""
     rows, placement = share_rows(requests)
     values: list[dict[tuple[int, int], tuple]] = [dict() for _ in rows]
-    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens))
-    batch: list[int] = []
-    for i in order:
-        n = buckets.bucket_for(len(rows[i].tokens))
-        if batch and (buckets.bucket_for(len(rows[batch[0]].tokens)) != n or len(batch) >= buckets.rows_for(n)
-                      or sum(len(rows[j].reads) for j in batch) + len(rows[i].reads) > buckets.rows_for(n) * n):
+    items: list[tuple[int, list[tuple[int, int]]]] = []   # (row, its reads in this forward), longest rows first
+    for i in sorted(range(len(rows)), key=lambda i: -len(rows[i].tokens)):
+        width = buckets.read_width(buckets.bucket_for(len(rows[i].tokens)))
+        items += [(i, rows[i].reads[k:k + width]) for k in range(0, max(1, len(rows[i].reads)), width)]
+    batch: list[tuple[int, list[tuple[int, int]]]] = []
+    for item in items:
+        n = buckets.bucket_for(len(rows[item[0]].tokens))
+        if batch and (buckets.bucket_for(len(rows[batch[0][0]].tokens)) != n or len(batch) >= buckets.rows_for(n)
+                      or sum(len(reads) for _, reads in batch) + len(item[1]) > buckets.read_width(n)):
             _run_rows(rows, batch, values, buckets, run, top_k)
-            stats.real_tokens += sum(len(rows[j].tokens) for j in batch)
+            stats.real_tokens += sum(len(rows[j].tokens) for j, _ in batch)
             batch = []
-        batch.append(i)
+        batch.append(item)
     if batch:
         _run_rows(rows, batch, values, buckets, run, top_k)
-        stats.real_tokens += sum(len(rows[j].tokens) for j in batch)
+        stats.real_tokens += sum(len(rows[j].tokens) for j, _ in batch)
     return [[values[row][(p, int(target[p]))] for p in range(len(tokens) - count, len(tokens))]
             for (tokens, target, _, count), (row, _) in zip(requests, placement)]
 
 
-def _run_rows(rows: list[Row], batch: list[int], values: list[dict], buckets: Buckets, run: RunBatch,
-              top_k: int) -> None:
-    n = buckets.bucket_for(len(rows[batch[0]].tokens))
+def _run_rows(rows: list[Row], batch: list[tuple[int, list[tuple[int, int]]]], values: list[dict],
+              buckets: Buckets, run: RunBatch, top_k: int) -> None:
+    n = buckets.bucket_for(len(rows[batch[0][0]].tokens))
     inputs = np.zeros((buckets.rows_for(n), n), np.int32)
-    reads = np.zeros((buckets.rows_for(n) * n, 3), np.int32)
+    reads = np.zeros((buckets.read_width(n), 3), np.int32)
     owners: list[tuple[int, tuple[int, int]]] = []
-    for r, i in enumerate(batch):
+    for r, (i, row_reads) in enumerate(batch):
         inputs[r, :len(rows[i].tokens)] = rows[i].tokens
-        for position, token in rows[i].reads:
+        for position, token in row_reads:
             reads[len(owners)] = (r, position, token)
             owners.append((i, (position, token)))
     out = run(inputs, reads)

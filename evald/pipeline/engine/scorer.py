@@ -17,7 +17,7 @@ from evald.pipeline.engine.buckets import Buckets
 from evald.pipeline.engine.graphs import PREFILL_CHUNK, Graphs
 from evald.pipeline.engine.requests import GenerateRequest, ScoreRequest, TokenScores
 from evald.pipeline.engine.rows import Prepared, prepared, score_rows, share_rows
-from evald.pipeline.tasks.generation import decodes_with_cache, scores_with_cache
+from evald.pipeline.tasks.generation import decodes_with_cache, scores_with_cache, splits_head
 
 log = logging.getLogger("evald.pipeline.engine")
 
@@ -25,9 +25,25 @@ log = logging.getLogger("evald.pipeline.engine")
 class TokenScorer:
     def __init__(self, network: nn.Cell, *, max_length: int | None = None, batch_size: int | str = 8,
                  lengths: Sequence[int] | None = None, top_k: int = 0, fork_contexts: bool = True,
-                 fork_piece: int | None = None) -> None:
+                 fork_piece: int | None = None, read_widths: Sequence[tuple[int, int]] | None = None,
+                 row_caps: Sequence[tuple[int, int]] | None = None,
+                 cache_caps: Sequence[tuple[int, int]] | None = None) -> None:
         self._buckets = Buckets(network, max_length, batch_size, lengths)
+        self._buckets.read_widths = {int(n): int(w) for n, w in (read_widths or ())}
+        self._buckets.row_caps = {int(n): int(r) for n, r in (row_caps or ())}
+        self._buckets.cache_caps = {int(n): int(c) for n, c in (cache_caps or ())}
         self.network, self.top_k = network, top_k
+        # the head at the read positions only (HeadSplit): the rows' reads a suite's dry run plans (plan_rows), and
+        # the longest chunk of its forks, fit the reads a forward gathers and the fork piece (fit_lengths)
+        self.split_head = splits_head(network)
+        self._planned_reads: list[tuple[int, int]] = []
+        self._planned_chunk = 0
+        self._planned_forks = 0
+        # False once fit_lengths saw a plan with no fork: score forks what plan_rows forks, so none would run and no
+        # fork graph compiles (single-token choices); an eval group's WARM carries it to the other ranks
+        self.plans_forks = True
+        self._planned_generate: list[int] = []
+        self._piece_given = bool(fork_piece)
         self.cached = decodes_with_cache(network)
         self.fork_contexts = bool(fork_contexts)     # asked for; ``forks``: and the network can
         self.forks = self.fork_contexts and scores_with_cache(network)
@@ -60,6 +76,27 @@ class TokenScorer:
     @property
     def buckets(self) -> tuple[tuple[int, int], ...]:
         return self._buckets.pairs
+
+    @property
+    def read_widths(self) -> tuple[tuple[int, int], ...]:
+        """The (bucket length, reads a forward gathers) fitted to a suite's rows (``Buckets.fit_read_widths``);
+        empty: every position of a bucket. An eval group's other ranks are given these (the same shapes)."""
+        return tuple(sorted(self._buckets.read_widths.items()))
+
+    def read_width(self, length: int) -> int:
+        return self._buckets.read_width(length)
+
+    @property
+    def cache_caps(self) -> tuple[tuple[int, int], ...]:
+        """The (bucket length, cache positions) of buckets whose generation decodes into a smaller cache, fitted
+        to a suite's generation requests (``Buckets.fit_cache_caps``); an eval group's other ranks are given these."""
+        return tuple(sorted(self._buckets.cache_caps.items()))
+
+    @property
+    def row_caps(self) -> tuple[tuple[int, int], ...]:
+        """The (bucket length, rows) of buckets that run fewer rows than the token budget allows, fitted to a
+        suite's rows (``Buckets.fit``). An eval group's other ranks are given these (the same shapes)."""
+        return tuple(sorted(self._buckets.row_caps.items()))
 
     def rows_for(self, length: int) -> int:
         return self._buckets.rows_for(length)
@@ -103,17 +140,37 @@ class TokenScorer:
         ready = [prepared(r, self.max_length) for r in requests]
         forks, plain = self._split(ready, lambda p: p if p <= self.max_length else None)
         rows, _ = share_rows([ready[i] for i in plain])
+        self._planned_reads += [(len(row.tokens), len(row.reads)) for row in rows]
+        self._planned_chunk = max([self._planned_chunk] + [len(c.tokens) for fork in forks for c in fork.chunks])
+        self._planned_forks += len(forks)
         return [len(row.tokens) for row in rows] + [fork.positions() for fork in forks]
 
     def plan_generate(self, requests: Sequence[GenerateRequest]) -> list[int]:
         """The bucket length each of ``requests`` needs in ``generate`` (context and new tokens), no forward."""
-        return [min(self.max_length, len(context) + new)
-                for context, new, _ in decoding.generation_rows(requests, self.max_length)]
+        lengths = [min(self.max_length, len(context) + new)
+                   for context, new, _ in decoding.generation_rows(requests, self.max_length)]
+        self._planned_generate += lengths
+        return lengths
 
     def fit_lengths(self, row_lengths: Sequence[int]) -> tuple[int, ...]:
         """Bucket lengths fitted to ``row_lengths`` in place of the ladder, before any graph compiles
-        (``Buckets.fit``)."""
-        return self._buckets.fit(row_lengths, self.compiled_graphs)
+        (``Buckets.fit``). For a network that splits its head (HeadSplit), also the reads a forward gathers
+        and, unless given, the fork piece, fitted to what ``plan_rows`` saw (a suite's dry run)."""
+        may_fit = self._buckets.may_fit
+        lengths = self._buckets.fit(row_lengths, self.compiled_graphs)
+        if may_fit and not self._buckets.may_fit and self.forks and not self._planned_forks:
+            self.plans_forks = False
+            log.info("token scorer: no context fork planned: no fork graph compiled")
+        if may_fit and not self._buckets.may_fit and self.cached and self._planned_generate:
+            log.info("token scorer: generation decodes into caches of %s positions",
+                     self._buckets.fit_cache_caps(self._planned_generate) or "the buckets'")
+        if may_fit and not self._buckets.may_fit and self.split_head:
+            widths = self._buckets.fit_read_widths(self._planned_reads)
+            if self._planned_chunk and not self._piece_given:
+                self.fork_piece = min(self.fork_piece, self._planned_chunk)
+            log.info("token scorer: the head at the reads only: reads per forward %s, fork piece %d",
+                     widths, self.fork_piece)
+        return lengths
 
     def vocab_size(self) -> int:
         """The model's vocabulary: the last dimension of its logits, on one batch of the smallest bucket
@@ -143,9 +200,11 @@ class TokenScorer:
         checked against the full forward on ``check_rows`` (a suite's own rows; cache_check): a mismatch turns it
         off, and the other buckets compile the full forward's graphs instead."""
         graphs = self._graphs
-        forks = forks and self.forks
+        forks = forks and self.forks and self.plans_forks
         unchecked = (self.cached and (generate or top_decoding)) or forks
         for n in self.lengths:
+            if self._buckets.idle(n):
+                continue   # no planned row needs it (Buckets.fit): an unplanned row's, compiled if one comes
             rows = self.rows_for(n)
             if top_decoding and self.cached and graphs.top_cell is not None:
                 _, _, cache = self.prefill_top([[0]], n)
@@ -153,21 +212,22 @@ class TokenScorer:
                 self.decode_top([0], [0], cache)
                 yield self.compiled_graphs
             zeros = np.zeros((rows, n), np.int32)
-            self._score_batch(zeros, np.zeros((rows * n, 3), np.int32))
+            self._score_batch(zeros, np.zeros((self.read_width(n), 3), np.int32))
             yield self.compiled_graphs
-            if (generate and self.cached) or forks:
-                cache = self.network.init_cache(rows, n)
-                chunk = min(n, PREFILL_CHUNK)
+            capacity = self._buckets.generation_capacity(n)   # generation's cache (n unless fitted smaller)
+            for size in sorted(({n} if forks else set()) | ({capacity} if generate and self.cached else set())):
+                cache = self.network.init_cache(rows, size)
+                chunk = min(size, PREFILL_CHUNK)
                 _, cache = graphs.extend(np.zeros((rows, chunk), np.int32), np.zeros(rows, np.int32),
                                          np.zeros(rows, np.int32), cache)
                 yield self.compiled_graphs
-                if forks:
+                if forks and size == n:
                     forked, piece = self.fork_rows(n), self.fork_piece
                     graphs.fork(cache, np.zeros(forked, np.int32), np.zeros((forked, piece), np.int32),
                                 np.zeros(forked, np.int32), np.zeros((forked * piece, 3), np.int32))
                     graphs.fork_ready.add(n)
                     yield self.compiled_graphs
-                if generate and self.cached:
+                if generate and self.cached and size == capacity:
                     graphs.extend(np.zeros((rows, 1), np.int32), np.zeros(rows, np.int32), np.zeros(rows, np.int32),
                                   cache)
                     yield self.compiled_graphs
@@ -188,13 +248,13 @@ class TokenScorer:
                       forks: bool) -> None:
         """The cached path that will run, checked against the full forward in bucket ``n`` (cache_check); on a
         mismatch it is turned off, with one ERROR naming the method and the difference."""
-        decode, batch = None, self.rows_for(n)
-        if self.cached and generate:
-            decode = self._graphs.extend
+        decode, batch, capacity = None, self.rows_for(n), n
+        if self.cached and generate:   # in generation's cache, fitted to the suite's requests (warming compiled it)
+            decode, capacity = self._graphs.extend, self._buckets.generation_capacity(n)
         elif self.cached and top_decoding:
             decode, batch = self._top_choice, self.batch_size
         result = cache_check.run_check(rows, n, self._buckets, self._graphs, decode=decode, decode_batch=batch,
-                                       fork_piece=self.fork_piece if forks else None)
+                                       decode_capacity=capacity, fork_piece=self.fork_piece if forks else None)
         turned_off = cache_check.report(result, type(self.network).__name__, (n, self.rows_for(n)))
         if "decoding" in turned_off:
             self.cached = False

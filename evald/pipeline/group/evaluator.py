@@ -232,7 +232,10 @@ def _scorer_for(scorers: dict, evaluator: Evaluator | None, settings: Mapping[st
                                    batch_size=settings["batch_size"], lengths=settings["lengths"],
                                    top_k=int(settings.get("top_k", 0)),
                                    fork_contexts=bool(settings.get("fork_contexts", True)),
-                                   fork_piece=int(settings.get("fork_piece", 0)) or None)
+                                   fork_piece=int(settings.get("fork_piece", 0)) or None,
+                                   read_widths=settings.get("read_widths") or None,
+                                   row_caps=settings.get("row_caps") or None,
+                                   cache_caps=settings.get("cache_caps") or None)
     return scorers[key]
 
 

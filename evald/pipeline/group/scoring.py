@@ -40,7 +40,10 @@ log = logging.getLogger("evald.group")
 def scorer_settings(scorer: TokenScorer) -> dict:
     return {"max_length": scorer.max_length, "batch_size": scorer.batch_size, "lengths": list(scorer.lengths),
             "top_k": int(getattr(scorer, "top_k", 0)), "fork_contexts": bool(getattr(scorer, "fork_contexts", True)),
-            "fork_piece": int(getattr(scorer, "fork_piece", 0))}
+            "fork_piece": int(getattr(scorer, "fork_piece", 0)),
+            "read_widths": [list(pair) for pair in getattr(scorer, "read_widths", ())],
+            "row_caps": [list(pair) for pair in getattr(scorer, "row_caps", ())],
+            "cache_caps": [list(pair) for pair in getattr(scorer, "cache_caps", ())]}
 
 
 def _ranks(group: Group, payload: Mapping[str, Any]) -> Sequence[int]:
@@ -215,7 +218,8 @@ class GroupScorer:
         """Every taking part rank compiles its graphs now (WARM), each checking its cached path on
         ``check_rows`` (the same rows everywhere, so every rank decides alike); rank 0's count of compiled
         graphs. ``top_decoding`` is ignored: serving on a group does not decode with a cache (``cached``)."""
-        payload = self._payload(generate=generate, forks=forks,
+        # no fork graph anywhere when rank 0's plan has no fork (TokenScorer.plans_forks): every rank forks alike
+        payload = self._payload(generate=generate, forks=forks and getattr(self.local, "plans_forks", True),
                                 check_rows=[[int(t) for t in row] for row in check_rows or ()])
         self.group.command(WARM, payload)
         statuses, combined = warm_share(self.local, self.group, payload)

@@ -68,6 +68,35 @@ class CachedScorer(CachedDecoder, Protocol):
     def cache_rows(self, cache: Any, rows: Any) -> Any: ...
 
 
+@runtime_checkable
+class HeadSplit(Protocol):
+    """The optional interface of a network whose forward is a trunk and a per-position head, so that evald runs
+    the head (the vocabulary projection, then log_softmax and argmax) only at the positions it reads: one
+    position of a 650-token row for a single-token choice, where the full forward runs it at all 650.
+
+    ``hidden_states(tokens)`` maps (B, T) int32 tokens to (B, T, d) hidden states, and ``apply_head(hidden)``
+    maps (..., d) hidden states to (..., vocab) logits position by position, so that the forward is
+    ``apply_head(hidden_states(tokens))`` (up to float rounding). A CachedScorer that has it may also have
+    ``extend_hidden(tokens, start, cache)``: ``extend_all`` before the head ((B, c, d) hidden states and the
+    updated cache), so that a fork reads its chunks the same way. Any other network runs its full forward.
+    Reference: examples/tiny_lm/model.py, examples/llm_decoder/model.py.
+    """
+
+    def hidden_states(self, tokens: Any) -> Any: ...
+
+    def apply_head(self, hidden: Any) -> Any: ...
+
+
+def splits_head(network: nn.Cell) -> bool:
+    """Whether the head can run at the read positions only (``HeadSplit``)."""
+    return isinstance(network, HeadSplit)
+
+
+def extends_hidden(network: nn.Cell) -> bool:
+    """Whether a fork can read its chunks before the head (a HeadSplit CachedScorer with ``extend_hidden``)."""
+    return splits_head(network) and scores_with_cache(network) and callable(getattr(network, "extend_hidden", None))
+
+
 def decodes_with_cache(network: nn.Cell) -> bool:
     return isinstance(network, CachedDecoder)
 
@@ -94,7 +123,8 @@ class ExtendStep(nn.Cell):
 
 class NextTokenLogits(nn.Cell):
     """The logits (B, V) at each row's own position of a fixed (B, L) buffer, or with ``greedy`` their
-    argmax (B,), computed on the device; ``index`` is (B, 2) int32 rows of (row, position).
+    argmax (B,), computed on the device; ``index`` is (B, 2) int32 rows of (row, position). A network that
+    splits its head (HeadSplit) runs the head at those B positions only.
 
     Shared by the sample generator and the benchmarks' greedy ``generate_until``
     (evald.pipeline.engine.TokenScorer.generate), so there is one fixed-buffer generation.
@@ -104,10 +134,13 @@ class NextTokenLogits(nn.Cell):
         super().__init__()
         self.network = network
         self.greedy = greedy
+        self.split = splits_head(network)   # the head at each row's position only (HeadSplit)
 
     def construct(self, tokens, index):
-        logits = self.network(tokens)                       # (B, L, V), stays on the device
-        chosen = ops.gather_nd(logits, index)               # (B, V) at each row's position
+        if self.split:
+            chosen = self.network.apply_head(ops.gather_nd(self.network.hidden_states(tokens), index))   # (B, V)
+        else:
+            chosen = ops.gather_nd(self.network(tokens), index)     # (B, L, V) on the device, then (B, V)
         if self.greedy:
             return ops.argmax(chosen, -1)                   # (B,)
         return chosen

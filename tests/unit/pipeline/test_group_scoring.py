@@ -134,11 +134,11 @@ class ShardScorer(FakeScorer):
         return 256
 
 
-def _run_group(size, ops, work, ranks=None, tensor_parallel=False):
+def _run_group(size, ops, work, ranks=None, tensor_parallel=False, scorer_class=ShardScorer):
     """Rank 0 does ``work`` on a GroupScorer; the other ranks answer ``ops`` commands, as follow() does."""
     summer = BarrierSum(size)
     groups = [Group(r, size, summer.make()) for r in range(size)]
-    scorers = [ShardScorer(r) for r in range(size)]
+    scorers = [scorer_class(r) for r in range(size)]
     shares = {SCORE: score_share, GENERATE: generate_share, WARM: warm_share}
 
     def follower(r):
@@ -175,6 +175,21 @@ def test_warm_up_is_a_command_on_a_data_parallel_group_too_and_the_ranks_that_ta
     (graphs, vocab), scorers = _run_group(3, 1, lambda s: (s.warm_up(generate=False), s.vocab_size()), ranks=[2])
     assert (graphs, vocab) == (6, 256)
     assert [s.warmed for s in scorers] == [[False], [], [False]]      # rank 0 (lm-eval's) and rank 2
+
+
+class NoForkPlanned(ShardScorer):
+    """Rank 0's suite planned no context fork (TokenScorer.plans_forks); each rank records the forks it is told."""
+    plans_forks = False
+
+    def warm_up(self, generate=True, forks=True):
+        self.told_forks = forks
+        return super().warm_up(generate, forks)
+
+
+def test_no_rank_compiles_fork_graphs_when_rank_0s_plan_has_no_fork():
+    _, scorers = _run_group(2, 1, lambda s: s.warm_up(generate=False, forks=True), tensor_parallel=True,
+                            scorer_class=NoForkPlanned)
+    assert [s.told_forks for s in scorers] == [False, False]
 
 
 def test_a_suite_on_a_tensor_parallel_group_cannot_name_some_of_its_ranks():
