@@ -50,8 +50,8 @@ import argparse
 import importlib.util
 import json
 import resource
-import subprocess
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
