@@ -292,8 +292,9 @@ def _hostport(f, value, source, key):
     text = _str(f, value, source, key).strip()
     host, colon, port = text.rpartition(":")
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not colon or not re.match(r"^\d{1,5}$", port) or int(port) > 65535 or not re.match(
-            r"^([A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:]+)$", bare or "-") or (":" in bare and bare == host):
+    # fullmatch, ASCII digits: "$" would match before a trailing newline, and \d (and int()) take any script's digits
+    if not colon or not re.fullmatch(r"[0-9]{1,5}", port) or int(port) > 65535 or not re.fullmatch(
+            r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}|[0-9A-Fa-f:]+", bare or "-") or (":" in bare and bare == host):
         raise ConfigError(source, key, f"expected HOST:PORT such as 127.0.0.1:8000 ([::1]:8000 for IPv6; port 0 "
                                        f"for a free one), got {text!r}")
     return text
@@ -335,7 +336,7 @@ def _suites(f, value, source, key):
     raw = as_object(f, value, source, key)
     suites = {}
     for name, table in raw.items():
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", name):
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", name):   # the whole name ("$" allows a last "\n")
             raise ConfigError(source, f"{key}.{name}", "a suite's name is letters, digits, _ and - (it names "
                                                         "TensorBoard tags and directories)")
         if is_dataclass(table) and isinstance(table, f.metadata["table"]):

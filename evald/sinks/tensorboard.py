@@ -170,7 +170,7 @@ def _framed(data: bytes) -> bytes:
     return header + struct.pack("<I", _masked_crc(header)) + data + struct.pack("<I", _masked_crc(data))
 
 
-_NAME = re.compile(r"^events\.out\.tfevents\.(\d+)\.")
+_NAME = re.compile(r"^events\.out\.tfevents\.([0-9]+)\.")
 
 
 def _next_name(logdir: Path) -> str:

@@ -37,6 +37,9 @@ tasks = ["stdlib_bpb"]
     ("[suites.fast]\ntasks = ['a']\ninclude_path = ['/no/such/dir']\n", "suites.fast.include_path",
      "not a directory"),
     ("[suites.'a b']\ntasks = ['a']\n", "suites.a b", "letters, digits"),
+    # the whole name: a trailing newline once passed ("$" matches before it) and reached the per-sample path builder
+    ('[suites."mc\\n"]\ntasks = [\'a\']\n', "suites.mc\n", "letters, digits"),
+    ("[suites.'mc\u0661']\ntasks = ['a']\n", "suites.mc\u0661", "letters, digits"),   # an Arabic-Indic digit
     ("[suites.fast]\ntasks = ['a']\ndevice = '3'\n", "suites", "not in --device"),
     ("tokenizer_kwargs = {a = 1}\n", "tokenizer_kwargs", "without tokenizer_factory"),
 ])

@@ -193,3 +193,12 @@ def test_the_writer_does_not_write_through_a_link_in_the_run_directory(tmp_path,
     with pytest.raises(SampleFileError, match="are not written: .*symbolic link"):
         _write(run)
     assert _everything_below(outside) == []
+
+
+def test_a_step_in_other_digits_is_no_per_sample_file(tmp_path):
+    """``step_\\u0667`` is no name evald writes, yet int() reads its Arabic-Indic digit as 7: listed, the newer
+    file would be step 7's current one in place of evald's own."""
+    _write(tmp_path)
+    (real,) = list_samples(tmp_path)
+    shutil.copy(real.sidecar, real.sidecar.with_name(real.sidecar.name.replace("step_7", "step_\u0667")))
+    assert [f.sidecar for f in list_samples(tmp_path)] == [real.sidecar]

@@ -25,6 +25,8 @@ def test_serve_is_a_host_and_port_or_a_table(tmp_path):
     ("8000", "expected HOST:PORT"),
     ("127.0.0.1:70000", "expected HOST:PORT"),
     ("127.0.0.1:http", "expected HOST:PORT"),
+    ("127.0.0.1:\uff18\uff10\uff10\uff10", "expected HOST:PORT"),   # fullwidth digits: int() reads them as 8000
+    ("localhost\n:8000", "expected HOST:PORT"),                    # "$" matched before the newline
     ('{"listen": "127.0.0.1:1", "queue_size": 0}', "queue_size: must be >= 1"),
     ('{"listen": "127.0.0.1:1", "max_tokens": -1}', "max_tokens: must be >= 0"),
     ('{"listen": "127.0.0.1:1", "bogus": 1}', "unknown key"),

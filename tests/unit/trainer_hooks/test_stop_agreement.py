@@ -1,19 +1,15 @@
-"""StopAgreement + ControlSubscriber against a real ZeroMQ PUB socket.
+"""StopAgreement + ControlSubscriber against a real ZeroMQ PUB socket, in one process.
 
 * single process (world_size 1): stops at exactly ``stop_at_step``; a late
   message stops at the first step after it arrives; another run's message is
   ignored;
 * the agreement rule with a fake collective (max(stop_at_step, step), only on
-  ``agree_every`` steps, only rank 0 votes);
-* many trials of 4 independent rank processes (tests/rank_worker.py) whose
-  "AllReduce" is a blocking file collective, jittered per rank, while a
-  publisher thread (like evald, re-publishing every 20 ms) announces a stop at
-  a random step after a random delay: every rank exits 0, all stop at the same
-  step, never before the published one;
-* control: a rank that stops on local receipt leaves the others hanging (the
-  harness detects it), which is why the agreement exists.
+  ``agree_every`` steps, only rank 0 votes).
 
-Trial count: $EVALD_STOP_TRIALS (default 20).
+The trials of 4 rank processes (tests/rank_worker.py) that must all stop at the
+same step, and the control that shows why the agreement exists, are in
+tests/e2e/test_stop_agreement_ranks.py; they share this file's worker, publisher
+and constants.
 """
 
 from __future__ import annotations
