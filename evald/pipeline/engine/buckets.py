@@ -202,10 +202,14 @@ class Buckets:
         ``rows_for`` rows with the most reads (no planned forward has more; a forward packs rows up to it, and a
         row with more reads runs again for the rest). A network that splits its head runs the head at that many
         positions a forward, not at all of them: a multiple-choice row of 650 tokens is read at one."""
-        by_bucket: dict[int, list[int]] = {}
+        by_bucket: dict[int, list[int]] = {n: [] for n in self.lengths if not self.idle(n)}
         for length, reads in planned:
             by_bucket.setdefault(self.bucket_for(min(length, self.max_length)), []).append(int(reads))
-        self.read_widths = {n: max(1, min(self.rows_for(n) * n, sum(sorted(counts)[-self.rows_for(n):])))
+        # a bucket whose planned rows read nothing (generation's) reads a position a row: the cached path's check
+        # runs its few reads in a few forwards, and the head never runs at every position of a bucket nobody scores
+        # (an idle bucket keeps every position: an unplanned row there is read in one forward)
+        self.read_widths = {n: max(1, min(self.rows_for(n) * n, sum(sorted(counts)[-self.rows_for(n):])
+                                          if counts else self.rows_for(n)))
                             for n, counts in sorted(by_bucket.items())}
         return self.read_widths
 

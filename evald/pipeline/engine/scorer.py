@@ -42,6 +42,9 @@ class TokenScorer:
         # False once fit_lengths saw a plan with no fork: score forks what plan_rows forks, so none would run and no
         # fork graph compiles (single-token choices); an eval group's WARM carries it to the other ranks
         self.plans_forks = True
+        # False once fit_lengths saw a plan with no scored row nor fork (generation only): no scoring graph compiles
+        # but the one the cached path's check reads the full forward through
+        self.plans_scores = True
         self._planned_generate: list[int] = []
         self._piece_given = bool(fork_piece)
         self.cached = decodes_with_cache(network)
@@ -161,6 +164,8 @@ class TokenScorer:
         if may_fit and not self._buckets.may_fit and self.forks and not self._planned_forks:
             self.plans_forks = False
             log.info("token scorer: no context fork planned: no fork graph compiled")
+        if may_fit and not self._buckets.may_fit and not self._planned_reads and not self._planned_forks:
+            self.plans_scores = False
         if may_fit and not self._buckets.may_fit and self.cached and self._planned_generate:
             log.info("token scorer: generation decodes into caches of %s positions",
                      self._buckets.fit_cache_caps(self._planned_generate) or "the buckets'")
@@ -212,8 +217,9 @@ class TokenScorer:
                 self.decode_top([0], [0], cache)
                 yield self.compiled_graphs
             zeros = np.zeros((rows, n), np.int32)
-            self._score_batch(zeros, np.zeros((self.read_width(n), 3), np.int32))
-            yield self.compiled_graphs
+            if self.plans_scores or (unchecked and n >= cache_check.SHORTEST_BUCKET):
+                self._score_batch(zeros, np.zeros((self.read_width(n), 3), np.int32))
+                yield self.compiled_graphs
             capacity = self._buckets.generation_capacity(n)   # generation's cache (n unless fitted smaller)
             for size in sorted(({n} if forks else set()) | ({capacity} if generate and self.cached else set())):
                 cache = self.network.init_cache(rows, size)

@@ -116,3 +116,29 @@ def test_a_suite_that_plans_no_fork_compiles_no_fork_graph(network):
     forking.fit_lengths(forking.plan_rows(diverging))
     forking.warm_up(generate=False, forks=True)
     assert forking.plans_forks and any(shape[0] == "fork" for shape in forking._shapes)
+
+
+def test_a_generation_only_suite_compiles_only_the_scoring_graph_its_check_reads(network, caplog):
+    """Generation scores nothing: one scoring graph, in the bucket the cached path's check runs in, reading a
+    position a row (the head nowhere near every position); a network without a cache (no check) compiles none.
+    The greedy tokens are the unfitted scorer's."""
+    import logging
+
+    from tests.networks import without_cached_decoding
+
+    planned = [GenerateRequest(_tokens(k, 10 + k), 12) for k in range(2)]
+    scorer = TokenScorer(network, batch_size=2)
+    scorer.fit_lengths(scorer.plan_generate(planned))
+    with caplog.at_level(logging.INFO, logger="evald.pipeline.engine"):
+        scorer.warm_up(forks=False)
+    assert any("checked against its full forward" in r.getMessage() for r in caplog.records)
+    [(_, rows, length, reads)] = [shape for shape in scorer._shapes if shape[0] == "score"]
+    assert reads == rows == scorer.rows_for(length) and not scorer.plans_scores
+    unfitted = TokenScorer(network, batch_size=2, lengths=scorer.lengths)
+    assert scorer.generate(planned) == unfitted.generate(planned)
+
+    full = TokenScorer(without_cached_decoding(network), batch_size=2)
+    full.fit_lengths(full.plan_generate(planned))
+    full.warm_up(forks=False)
+    assert not [shape for shape in full._shapes if shape[0] == "score"] and full.compiled_graphs > 0
+    assert full.generate(planned) == unfitted.generate(planned)
