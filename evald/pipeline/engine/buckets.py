@@ -60,6 +60,11 @@ def length_ladder(max_length: int, ratio: float = LADDER_RATIO) -> tuple[int, ..
     return tuple(sorted(lengths))
 
 
+def fit_step_up(length: int) -> int:
+    """``length`` (at least 1) rounded up to a multiple of FIT_STEP: the lengths a fit chooses from."""
+    return -(-max(1, int(length)) // FIT_STEP) * FIT_STEP
+
+
 def fitted_lengths(row_lengths: Sequence[int], max_length: int, rows_for: Callable[[int], int],
                    most: int) -> tuple[int, ...]:
     """At most ``most`` bucket lengths, the last ``max_length``, that run rows of ``row_lengths`` (a suite's
@@ -72,7 +77,7 @@ def fitted_lengths(row_lengths: Sequence[int], max_length: int, rows_for: Callab
     second, docs/benchmarks.md). Ties go to the lower bucket below, then to fewer buckets."""
     counts: dict[int, int] = {}
     for length in row_lengths:
-        n = min(max_length, -(-max(1, int(length)) // FIT_STEP) * FIT_STEP)
+        n = min(max_length, fit_step_up(length))
         counts[n] = counts.get(n, 0) + 1
     candidates = np.array(sorted(set(counts) | {max_length}), np.int64)
     cumulative = np.cumsum([counts.get(int(n), 0) for n in candidates], dtype=np.int64)
@@ -193,7 +198,7 @@ class Buckets:
         caps: dict[int, int] = {}
         for length in planned:
             n = self.bucket_for(min(max(1, int(length)), self.max_length))
-            caps[n] = max(caps.get(n, 0), min(n, -(-max(1, int(length)) // FIT_STEP) * FIT_STEP))
+            caps[n] = max(caps.get(n, 0), min(n, fit_step_up(length)))
         self.cache_caps = {n: c for n, c in caps.items() if c < n}
         return self.cache_caps
 
@@ -238,7 +243,7 @@ class Buckets:
         self.lengths = fitted_lengths(row_lengths, self.max_length, self.rows_for, most=len(ladder))
         # The window's bucket is always kept (an unplanned row's home), but when no planned row needs it, it is not
         # compiled at start: then the buckets under the suite's longest row need not save a forward to pay for it.
-        top = min(self.max_length, max(-(-max(1, int(n)) // FIT_STEP) * FIT_STEP for n in row_lengths))
+        top = min(self.max_length, max(fit_step_up(n) for n in row_lengths))
         if top < self.max_length and len(ladder) > 1:
             under = fitted_lengths(row_lengths, top, self.rows_for, most=len(ladder) - 1) + (self.max_length,)
             if self._fit_cost(under, row_lengths) < self._fit_cost(self.lengths, row_lengths):

@@ -161,15 +161,17 @@ class TokenScorer:
         and, unless given, the fork piece, fitted to what ``plan_rows`` saw (a suite's dry run)."""
         may_fit = self._buckets.may_fit
         lengths = self._buckets.fit(row_lengths, self.compiled_graphs)
-        if may_fit and not self._buckets.may_fit and self.forks and not self._planned_forks:
+        if not may_fit or self._buckets.may_fit:
+            return lengths   # not fitted now (given lengths, fitted before, compiled already, or no rows)
+        if self.forks and not self._planned_forks:
             self.plans_forks = False
             log.info("token scorer: no context fork planned: no fork graph compiled")
-        if may_fit and not self._buckets.may_fit and not self._planned_reads and not self._planned_forks:
+        if not self._planned_reads and not self._planned_forks:
             self.plans_scores = False
-        if may_fit and not self._buckets.may_fit and self.cached and self._planned_generate:
+        if self.cached and self._planned_generate:
             log.info("token scorer: generation decodes into caches of %s positions",
                      self._buckets.fit_cache_caps(self._planned_generate) or "the buckets'")
-        if may_fit and not self._buckets.may_fit and self.split_head:
+        if self.split_head:
             widths = self._buckets.fit_read_widths(self._planned_reads)
             if self._planned_chunk and not self._piece_given:
                 self.fork_piece = min(self.fork_piece, self._planned_chunk)
